@@ -1,0 +1,282 @@
+"""The ``signoff`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.audit import Actor, verify_chain
+from app.config import ConfigError, load_config
+from app.confirmations import get_request, votes_for
+from app.db import create_engine, migrate, transaction, sessionmaker
+from app.keys import create_key, revoke_keys
+from app.models import AgentKey, ConfirmationRequest, Status
+from app.operators import decide
+from app.settings import Settings
+from channels import Verdict
+
+app = typer.Typer(
+    help="Signoff: human approval for AI agents' tool calls.", no_args_is_help=True, add_completion=False
+)
+db_app = typer.Typer(help="The database.", no_args_is_help=True)
+config_app = typer.Typer(help="The YAML configuration.", no_args_is_help=True)
+keys_app = typer.Typer(help="Agent API keys.", no_args_is_help=True)
+requests_app = typer.Typer(help="Confirmation requests.", no_args_is_help=True)
+audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
+hook_app = typer.Typer(help="Agent runtime hooks.", no_args_is_help=True)
+for sub, name in [
+    (db_app, "db"),
+    (config_app, "config"),
+    (keys_app, "keys"),
+    (requests_app, "requests"),
+    (audit_app, "audit"),
+    (hook_app, "hook"),
+]:
+    app.add_typer(sub, name=name)
+
+T = TypeVar("T")
+CLI = Actor("cli", None, "command line")
+
+
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _with_session(work: Callable[[AsyncSession, Settings], Awaitable[T]]) -> T:
+    settings = _settings()
+
+    async def run() -> T:
+        engine = create_engine(settings.database_url)
+        try:
+            async with transaction(sessionmaker(engine)) as session:
+                return await work(session, settings)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Interface to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    migrate_first: Annotated[
+        bool, typer.Option("--migrate/--no-migrate", help="Apply migrations first.")
+    ] = True,
+) -> None:
+    """Apply the migrations, then serve the API."""
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = _settings()
+    try:
+        load_config(settings.config)
+    except ConfigError as exc:
+        typer.echo(f"error: the configuration is invalid:\n{exc}", err=True)
+        raise typer.Exit(2) from None
+    if migrate_first and settings.migrate_on_start:
+        migrate(settings.database_url)
+    uvicorn.run(
+        create_app(settings=settings),
+        host=host or settings.host,
+        port=port or settings.port,
+        log_level="info",
+        access_log=False,
+    )
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
+    """Apply the migrations to SIGNOFF_DATABASE_URL."""
+    settings = _settings()
+    migrate(settings.database_url, revision)
+    typer.echo(f"database at {settings.database_url.split('@')[-1]} is at {revision}")
+
+
+@config_app.command("check")
+def config_check(file: Annotated[Path, typer.Argument(help="The YAML file.")]) -> None:
+    """Validate a configuration file; print each problem with its path."""
+    try:
+        cfg = load_config(file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            typer.echo(problem, err=True)
+        raise typer.Exit(1) from None
+    gates = sum(len(a.hooks) for a in cfg.agents.values())
+    typer.echo(
+        f"{file}: ok ({len(cfg.channels)} channels, {len(cfg.people)} people, "
+        f"{len(cfg.agents)} agents, {gates} gates)"
+    )
+
+
+@keys_app.command("create")
+def keys_create(agent: Annotated[str, typer.Argument(help="The agent's name in the configuration.")]) -> None:
+    """Create an API key for AGENT; the key is printed once, alone on the last line."""
+
+    async def work(session: AsyncSession, settings: Settings) -> str:
+        row, token = await create_key(session, agent, actor=CLI)
+        return f"created key {row.id} for agent {agent}; store it now, it is not shown again:\n{token}"
+
+    typer.echo(_with_session(work))
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str | None, typer.Argument(help="The key id (see `signoff keys list`).")] = None,
+    agent: Annotated[str | None, typer.Option(help="Revoke every key of this agent.")] = None,
+) -> None:
+    """Revoke one key, or all keys of an agent."""
+    if (key_id is None) == (agent is None):
+        typer.echo("error: name a key id or --agent", err=True)
+        raise typer.Exit(2)
+
+    async def work(session: AsyncSession, settings: Settings) -> list[str]:
+        return await revoke_keys(session, key_id=key_id, agent_id=agent, actor=CLI)
+
+    revoked = _with_session(work)
+    if not revoked:
+        typer.echo("error: no live key matched", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {', '.join(revoked)}")
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """List keys (ids and agents; never the keys themselves)."""
+
+    async def work(session: AsyncSession, settings: Settings) -> list[AgentKey]:
+        return list((await session.exec(select(AgentKey).order_by(col(AgentKey.created_at)))).all())
+
+    for k in _with_session(work):
+        state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "live"
+        typer.echo(f"{k.id}  {k.agent_id}  created {k.created_at:%Y-%m-%d %H:%M}  {state}")
+
+
+@requests_app.command("list")
+def requests_list(
+    status: Annotated[Status | None, typer.Option(help="Only this status.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many.")] = 50,
+) -> None:
+    """One request per line, id first, newest first."""
+
+    async def work(session: AsyncSession, settings: Settings) -> list[ConfirmationRequest]:
+        stmt = select(ConfirmationRequest).order_by(col(ConfirmationRequest.created_at).desc()).limit(limit)
+        if status is not None:
+            stmt = stmt.where(col(ConfirmationRequest.status) == status)
+        if agent is not None:
+            stmt = stmt.where(col(ConfirmationRequest.agent_id) == agent)
+        return list((await session.exec(stmt)).all())
+
+    for r in _with_session(work):
+        typer.echo(
+            f"{r.id}  {r.status:<9}  {r.agent_id}  {r.tool_name}  expires {r.expires_at:%Y-%m-%d %H:%M:%S}Z"
+        )
+
+
+@requests_app.command("show")
+def requests_show(request_id: str) -> None:
+    """A request with its votes, as JSON."""
+    from app.schemas import RequestOut
+
+    async def work(session: AsyncSession, settings: Settings) -> str | None:
+        req = await get_request(session, request_id)
+        if req is None:
+            return None
+        return RequestOut.of(req, await votes_for(session, request_id)).model_dump_json(indent=2)
+
+    out = _with_session(work)
+    if out is None:
+        typer.echo(f"error: no request {request_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(out)
+
+
+def _decide(request_id: str, verdict: Verdict, reason: str | None, as_: str | None) -> None:
+    operator = as_ or "cli"
+
+    async def work(session: AsyncSession, settings: Settings) -> tuple[bool, str] | None:
+        result = await decide(
+            session,
+            request_id,
+            verdict=verdict,
+            operator=operator,
+            config=load_config(settings.config),
+            reason=reason,
+            via="cli",
+        )
+        return None if result is None else (result.accepted, result.message)
+
+    try:
+        out = _with_session(work)
+    except ConfigError as exc:
+        typer.echo(f"error: the configuration is invalid:\n{exc}", err=True)
+        raise typer.Exit(2) from None
+    if out is None:
+        typer.echo(f"error: no request {request_id}", err=True)
+        raise typer.Exit(1)
+    accepted, message = out
+    typer.echo(message, err=not accepted)
+    if not accepted:
+        raise typer.Exit(1)
+
+
+@requests_app.command("approve")
+def requests_approve(
+    request_id: str,
+    reason: Annotated[str | None, typer.Option(help="Why.")] = None,
+    as_: Annotated[
+        str | None, typer.Option("--as", help="Operator name (a person in the directory).")
+    ] = None,
+) -> None:
+    """Approve a request as an operator."""
+    _decide(request_id, Verdict.APPROVE, reason, as_)
+
+
+@requests_app.command("reject")
+def requests_reject(
+    request_id: str,
+    reason: Annotated[str | None, typer.Option(help="Why (shown to the agent).")] = None,
+    as_: Annotated[
+        str | None, typer.Option("--as", help="Operator name (a person in the directory).")
+    ] = None,
+) -> None:
+    """Reject a request as an operator."""
+    _decide(request_id, Verdict.REJECT, reason, as_)
+
+
+@audit_app.command("verify")
+def audit_verify() -> None:
+    """Check the audit log's hash chain; report the first broken link."""
+
+    async def work(session: AsyncSession, settings: Settings) -> tuple[int, object]:
+        return await verify_chain(session)
+
+    count, broken = _with_session(work)
+    if broken is None:
+        typer.echo(f"audit chain intact: {count} events")
+        return
+    typer.echo(
+        f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)"
+    )  # type: ignore[attr-defined]
+    raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The YAML configuration: channels, the people directory and each agent's hooks.
+
+Loading validates everything at once and reports the file, the path inside it and
+what is wrong, e.g. ``signoff.yaml: agents.finance-bot.hooks[0].quorum: …``.
+Secrets are written as ``${ENV_VAR}`` and read from the environment at load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from app.channel_types import CHANNEL_TYPES, ChannelConfig
+from hooks.confirmation_gate import ConfirmationGate
+
+__all__ = ["AgentConfig", "ConfigError", "Person", "SignoffConfig", "load_config", "parse_config"]
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DEFAULT_REDACT = ("password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "cookie")
+
+# A raw channel user id is accepted as an approver only if it looks like one.
+_RAW_ID = {
+    "slack": re.compile(r"^[UW][A-Z0-9]{2,}$"),
+    "feishu": re.compile(r"^(ou|on)_[A-Za-z0-9]+$"),
+}
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; ``problems`` lists each as ``file: path: message``."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class Person(BaseModel):
+    """One entry of the people directory: a name and their ids per channel type."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str | None = None
+    email: str | None = None
+
+    def ids(self) -> dict[str, str]:
+        """Channel type → user id (``slack: U0ALICE``)."""
+        return {k: str(v) for k, v in (self.model_extra or {}).items()}
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hooks: tuple[ConfirmationGate, ...] = ()
+    redact: tuple[str, ...] = ()
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    channels: dict[str, dict[str, Any]] = {}
+    people: dict[str, Person] = {}
+    agents: dict[str, AgentConfig] = {}
+    redact: tuple[str, ...] = DEFAULT_REDACT
+    version: Literal[1] = 1
+
+
+@dataclass(frozen=True)
+class SignoffConfig:
+    """A validated configuration."""
+
+    channels: Mapping[str, ChannelConfig] = field(default_factory=dict)
+    people: Mapping[str, Person] = field(default_factory=dict)
+    agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+    redact: frozenset[str] = frozenset(DEFAULT_REDACT)
+    source: str = "<default>"
+
+    def channel_type(self, channel: str) -> str:
+        return self.channels[channel].type
+
+    def person_for(self, channel_type: str, user_id: str) -> str | None:
+        """The directory key of whoever has ``user_id`` on ``channel_type`` (or is named so)."""
+        for key, person in self.people.items():
+            if person.ids().get(channel_type) == user_id:
+                return key
+        if channel_type == "web" and user_id in self.people:
+            return user_id
+        return None
+
+    def recognise(self, user_id: str | None) -> str | None:
+        """The directory key for a requester's ``user_id`` given as a key or any channel id."""
+        if user_id is None:
+            return None
+        if user_id in self.people:
+            return user_id
+        for key, person in self.people.items():
+            if user_id in person.ids().values():
+                return key
+        return None
+
+    def channel_id_of(self, person: str, channel_type: str) -> str | None:
+        entry = self.people.get(person)
+        if entry is None:
+            return None
+        return entry.ids().get(channel_type) or (person if channel_type == "web" else None)
+
+    def display_name(self, person: str) -> str:
+        entry = self.people.get(person)
+        return (entry.name if entry and entry.name else None) or person
+
+
+def _expand_env(node: Any, path: str, problems: list[str]) -> Any:
+    if isinstance(node, str):
+
+        def sub(m: re.Match[str]) -> str:
+            value = os.environ.get(m.group(1))
+            if value is None:
+                problems.append(f"{path}: environment variable {m.group(1)} is not set")
+                return ""
+            return value
+
+        return _ENV_REF.sub(sub, node)
+    if isinstance(node, dict):
+        return {k: _expand_env(v, f"{path}.{k}" if path else str(k), problems) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_expand_env(v, f"{path}[{i}]", problems) for i, v in enumerate(node)]
+    return node
+
+
+def _loc(loc: Iterable[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _errors(exc: ValidationError, prefix: str) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        where = _loc(err["loc"])
+        where = f"{prefix}.{where}" if prefix and where else prefix or where
+        msg = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{where or '(top level)'}: {msg}")
+    return problems
+
+
+def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
+    """Validate an already parsed YAML document."""
+    problems: list[str] = []
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{source}: (top level): expected a mapping with channels, people and agents"])
+    raw = _expand_env(raw, "", problems)
+    try:
+        doc = _File.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError([f"{source}: {p}" for p in problems + _errors(exc, "")]) from None
+
+    channels: dict[str, ChannelConfig] = {"web": CHANNEL_TYPES["web"].config.model_validate({"type": "web"})}
+    for name, body in doc.channels.items():
+        kind = body.get("type")
+        if kind not in CHANNEL_TYPES:
+            known = ", ".join(sorted(CHANNEL_TYPES))
+            problems.append(f"channels.{name}.type: unknown channel type {kind!r} (known: {known})")
+            continue
+        try:
+            channels[name] = TypeAdapter(CHANNEL_TYPES[kind].config).validate_python(body)
+        except ValidationError as exc:
+            problems.extend(_errors(exc, f"channels.{name}"))
+
+    for agent, cfg in doc.agents.items():
+        for i, gate in enumerate(cfg.hooks):
+            where = f"agents.{agent}.hooks[{i}]"
+            if gate.channel not in channels:
+                problems.append(f"{where}.channel: no channel named {gate.channel!r} under channels")
+                continue
+            kind = channels[gate.channel].type
+            for j, approver in enumerate(gate.approvers):
+                if approver in doc.people:
+                    if kind in _RAW_ID and kind not in doc.people[approver].ids():
+                        problems.append(
+                            f"{where}.approvers[{j}]: {approver!r} has no {kind} id in people; "
+                            f"add `{kind}: <user id>` to people.{approver}"
+                        )
+                    continue
+                pattern = _RAW_ID.get(kind)
+                if pattern is not None and not pattern.match(approver):
+                    problems.append(
+                        f"{where}.approvers[{j}]: {approver!r} is neither in people nor a {kind} user id"
+                    )
+
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    redact = frozenset(k.lower() for k in doc.redact)
+    return SignoffConfig(
+        channels=channels, people=doc.people, agents=doc.agents, redact=redact, source=source
+    )
+
+
+def load_config(path: Path | None) -> SignoffConfig:
+    """Load and validate ``path``; no path means no agents and only the web channel."""
+    if path is None:
+        return parse_config({}, source="<default>")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read the file: {exc.strerror or exc}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError([f"{path}: {where}not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    return parse_config(raw, source=str(path))

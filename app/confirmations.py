@@ -1,0 +1,505 @@
+"""The confirmation state machine.
+
+``pending → approved | rejected | expired | cancelled``; terminal states never
+change. Every transition is one conditional UPDATE on the current status, so
+racing writers (two approvers, a double click, the expiry sweep, a cancel) get
+exactly one winner; the audit event and the card updates it causes are written
+in the same transaction. Nothing here commits: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app import audit
+from app.audit import Actor
+from app.config import SignoffConfig
+from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
+from channels import Card, Person, Verdict
+from hooks import Decision, HookContext, HookResult
+from hooks.confirmation_gate import ConfirmationGate
+
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "TERMINAL",
+    "Approvals",
+    "VoteResult",
+    "Voter",
+    "build_card",
+    "cast_vote",
+    "expire_overdue",
+    "get_request",
+    "redact",
+    "transition",
+]
+
+ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.APPROVED, Status.REJECTED, Status.EXPIRED, Status.CANCELLED}),
+    Status.APPROVED: frozenset(),
+    Status.REJECTED: frozenset(),
+    Status.EXPIRED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+TERMINAL = frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if not targets)
+
+DECIDED_KEY = "signoff.decided"
+OUTBOX_KEY = "signoff.outbox"
+REDACTED = "[redacted]"
+
+
+def _sources(target: Status) -> list[str]:
+    return [s.value for s, targets in ALLOWED_TRANSITIONS.items() if target in targets]
+
+
+def redact(value: Any, words: frozenset[str]) -> Any:
+    """Replace values under keys that contain a redacted word (``password``, ``token``…)."""
+    if isinstance(value, Mapping):
+        return {
+            k: REDACTED if any(w in str(k).lower() for w in words) else redact(v, words)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact(v, words) for v in value]
+    return value
+
+
+async def get_request(
+    session: AsyncSession, request_id: str, *, for_update: bool = False
+) -> ConfirmationRequest | None:
+    stmt = select(ConfirmationRequest).where(col(ConfirmationRequest.id) == request_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    return (await session.exec(stmt)).one_or_none()
+
+
+def _mark_decided(session: AsyncSession, request_ids: Sequence[str]) -> None:
+    session.sync_session.info.setdefault(DECIDED_KEY, set()).update(request_ids)
+
+
+async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
+    """Owe the channel a redraw of the request's card (one queued redraw is enough)."""
+    queued = await session.exec(
+        select(Delivery.id).where(
+            col(Delivery.request_id) == request_id,
+            col(Delivery.channel) == channel,
+            col(Delivery.kind) == "update",
+            col(Delivery.status) == OutboxStatus.PENDING,
+            col(Delivery.leased_until).is_(None),
+        )
+    )
+    if queued.first() is None:
+        session.add(Delivery(request_id=request_id, channel=channel, kind="update"))
+        session.sync_session.info[OUTBOX_KEY] = True
+
+
+async def transition(
+    session: AsyncSession,
+    request_id: str,
+    target: Status,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Move a request to ``target`` if the table allows it from its current status.
+
+    Returns False when another writer got there first (the request is no longer
+    in a status that allows ``target``); nothing is written then.
+    """
+    now = now or utcnow()
+    result = await session.execute(
+        sa.update(ConfirmationRequest)
+        .where(
+            col(ConfirmationRequest.id) == request_id, col(ConfirmationRequest.status).in_(_sources(target))
+        )
+        .values(
+            status=target.value,
+            reason=reason,
+            decided_at=now,
+            decided_by_channel=actor.channel,
+            decided_by_user_id=actor.id,
+            decided_by_name=actor.name,
+        )
+        .returning(col(ConfirmationRequest.channel))
+        .execution_options(synchronize_session=False)
+    )
+    row = result.first()
+    if row is None:
+        return False
+    await audit.append(session, target.value, actor=actor, request_id=request_id, detail={"reason": reason})
+    await _queue_update(session, request_id, row[0])
+    _mark_decided(session, [request_id])
+    return True
+
+
+async def expire_overdue(
+    session: AsyncSession, *, now: datetime | None = None, batch: int = 500
+) -> list[str]:
+    """Expire pending requests past their deadline; safe to run on every replica at once."""
+    now = now or utcnow()
+    due = (
+        select(ConfirmationRequest.id)
+        .where(col(ConfirmationRequest.status) == Status.PENDING, col(ConfirmationRequest.expires_at) <= now)
+        .order_by(col(ConfirmationRequest.expires_at))
+        .limit(batch)
+    )
+    rows = (
+        await session.execute(
+            sa.update(ConfirmationRequest)
+            .where(
+                col(ConfirmationRequest.id).in_(due.scalar_subquery()),
+                col(ConfirmationRequest.status).in_(_sources(Status.EXPIRED)),
+            )
+            .values(
+                status=Status.EXPIRED.value,
+                reason="no decision before the deadline",
+                decided_at=now,
+                decided_by_channel="system",
+                decided_by_user_id="expiry",
+                decided_by_name=None,
+            )
+            .returning(col(ConfirmationRequest.id), col(ConfirmationRequest.channel))
+            .execution_options(synchronize_session=False)
+        )
+    ).all()
+    expired = sorted((str(r[0]), str(r[1])) for r in rows)
+    for rid, channel in expired:
+        await audit.append(
+            session,
+            Status.EXPIRED.value,
+            actor=Actor("system", "expiry"),
+            request_id=rid,
+            detail={"reason": "no decision before the deadline"},
+        )
+        await _queue_update(session, rid, channel)
+    _mark_decided(session, [rid for rid, _ in expired])
+    return [rid for rid, _ in expired]
+
+
+# --- votes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Voter:
+    """Someone clicking: where, their id there, and who they are in the directory (if known)."""
+
+    channel: str
+    channel_type: str
+    user_id: str
+    name: str | None = None
+    person: str | None = None
+    identity: Mapping[str, str] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.person or f"{self.channel}:{self.user_id}"
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(self.channel, self.user_id, self.name or self.person)
+
+
+@dataclass(frozen=True, slots=True)
+class VoteResult:
+    accepted: bool
+    message: str
+    request: ConfirmationRequest
+    decided: bool = False
+
+
+def _describe_decided(req: ConfirmationRequest) -> str:
+    who = req.decided_by_name or req.decided_by_user_id
+    if req.status is Status.EXPIRED or req.status == Status.EXPIRED.value:
+        return "This request has already expired."
+    by = f" by {who}" if who and req.decided_by_channel != "system" else ""
+    return f"This request was already {req.status}{by}."
+
+
+def _may_approve(req: ConfirmationRequest, voter: Voter, config: SignoffConfig) -> str | None:
+    """Why ``voter`` may not vote on ``req``, or None if they may."""
+    gate = req.gate
+    approvers: list[str] = list(gate.get("approvers") or [])
+    if approvers and not (
+        (voter.person is not None and voter.person in approvers) or voter.user_id in approvers
+    ):
+        return "You are not an approver for this request."
+    if not gate.get("allow_self_approval", False) and req.requester is not None:
+        if req.requester in (voter.person, voter.user_id):
+            return "You cannot approve a call made on your own behalf."
+    return None
+
+
+async def cast_vote(
+    session: AsyncSession,
+    request_id: str,
+    *,
+    voter: Voter,
+    verdict: Verdict,
+    config: SignoffConfig,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> VoteResult | None:
+    """Record one vote and apply the transition it causes. None if there is no such request.
+
+    Refusals (not an approver, the requester, already decided, a second vote)
+    change nothing but the audit log, and say why.
+    """
+    now = now or utcnow()
+    req = await get_request(session, request_id, for_update=True)
+    if req is None:
+        return None
+    detail: dict[str, Any] = {
+        "verdict": verdict.value,
+        "reason": reason,
+        "identity": dict(voter.identity or {}),
+    }
+
+    async def refuse(message: str) -> VoteResult:
+        await audit.append(
+            session,
+            "vote_refused",
+            actor=voter.actor,
+            request_id=request_id,
+            detail={**detail, "why": message},
+        )
+        return VoteResult(False, message, req)
+
+    if req.status != Status.PENDING:
+        return await refuse(_describe_decided(req))
+    if req.expires_at <= now:
+        await transition(
+            session,
+            request_id,
+            Status.EXPIRED,
+            actor=Actor("system", "expiry"),
+            reason="no decision before the deadline",
+            now=now,
+        )
+        await session.refresh(req)
+        return await refuse("This request has already expired.")
+    if (why := _may_approve(req, voter, config)) is not None:
+        return await refuse(why)
+    if (
+        verdict is Verdict.REJECT
+        and req.gate.get("require_reject_reason")
+        and not (reason and reason.strip())
+    ):
+        return await refuse("A reason is required to reject this request.")
+
+    try:
+        async with session.begin_nested():
+            session.add(
+                Vote(
+                    request_id=request_id,
+                    voter=voter.key,
+                    verdict=verdict.value,
+                    channel=voter.channel,
+                    user_id=voter.user_id,
+                    name=voter.name,
+                    reason=reason,
+                    identity=dict(voter.identity or {}),
+                    created_at=now,
+                )
+            )
+            await session.flush()
+    except IntegrityError:
+        return await refuse("You have already voted on this request.")
+    await audit.append(session, "vote", actor=voter.actor, request_id=request_id, detail=detail)
+
+    decided_by = voter.actor
+    if verdict is Verdict.REJECT:
+        await transition(session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now)
+        await session.refresh(req)
+        return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
+
+    approvals = (
+        await session.exec(
+            select(sa.func.count())
+            .select_from(Vote)
+            .where(col(Vote.request_id) == request_id, col(Vote.verdict) == "approve")
+        )
+    ).one()
+    quorum = int(req.gate.get("quorum", 1))
+    if approvals >= quorum:
+        await transition(session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now)
+        await session.refresh(req)
+        return VoteResult(True, f"Approved by {decided_by.name or decided_by.id}.", req, decided=True)
+    await _queue_update(session, request_id, req.channel)
+    return VoteResult(True, f"Approval recorded ({approvals} of {quorum}).", req)
+
+
+# --- cards -------------------------------------------------------------------------------------
+
+
+async def votes_for(session: AsyncSession, request_id: str) -> list[Vote]:
+    return list(
+        (
+            await session.exec(select(Vote).where(col(Vote.request_id) == request_id).order_by(col(Vote.id)))
+        ).all()
+    )
+
+
+def build_card(
+    req: ConfirmationRequest, votes: Sequence[Vote], config: SignoffConfig, channel_type: str
+) -> Card:
+    """Plain data for a channel to draw ``req`` as it stands."""
+
+    def person(key: str) -> Person:
+        if key in config.people:
+            return Person(config.display_name(key), config.channel_id_of(key, channel_type))
+        return Person(key, key)
+
+    decided_by = None
+    if req.status != Status.PENDING and req.decided_by_channel != "system":
+        decided_by = Person(req.decided_by_name or req.decided_by_user_id or "", req.decided_by_user_id)
+    return Card(
+        request_id=req.id,
+        agent_id=req.agent_id,
+        tool_name=req.tool_name,
+        arguments=req.arguments,
+        status=str(req.status.value if isinstance(req.status, Status) else req.status),
+        created_at=req.created_at,
+        expires_at=req.expires_at,
+        quorum=int(req.gate.get("quorum", 1)),
+        approvers=tuple(person(a) for a in req.gate.get("approvers") or ()),
+        requester=person(req.requester)
+        if req.requester
+        else (Person(req.user_id, req.user_id) if req.user_id else None),
+        approvals=tuple(Person(v.name or v.voter, v.user_id) for v in votes if v.verdict == "approve"),
+        decided_by=decided_by,
+        decided_at=req.decided_at,
+        reason=req.reason,
+        require_reject_reason=bool(req.gate.get("require_reject_reason", False)),
+    )
+
+
+# --- creating requests (the server side of the confirmation gate) ------------------------------
+
+
+def decision_for(req: ConfirmationRequest) -> HookResult:
+    """The hook answer for an existing request (used for idempotent replays)."""
+    if req.status == Status.PENDING:
+        return HookResult(
+            decision=Decision.PENDING, reason=f"waiting for approval (request {req.id})", request_id=req.id
+        )
+    if req.status == Status.APPROVED:
+        return HookResult(decision=Decision.ALLOW, reason=req.reason or "approved", request_id=req.id)
+    why = {
+        Status.REJECTED: "rejected",
+        Status.EXPIRED: "no decision before the deadline",
+        Status.CANCELLED: "cancelled",
+    }[Status(req.status)]
+    who = req.decided_by_name or req.decided_by_user_id
+    text = f"{why} by {who}" if who and req.decided_by_channel not in ("system", None) else why
+    return HookResult.deny(f"{text}: {req.reason}" if req.reason else text, request_id=req.id)
+
+
+class Approvals:
+    """The :class:`hooks.ApprovalBroker` the server hands the confirmation gate for one call."""
+
+    def __init__(self, session: AsyncSession, config: SignoffConfig, *, now: datetime | None = None) -> None:
+        self._session = session
+        self._config = config
+        self._now = now
+        self.created: ConfirmationRequest | None = None
+        self.request: ConfirmationRequest | None = None
+
+    @staticmethod
+    def idempotency_key(ctx: HookContext) -> str | None:
+        if ctx.idempotency_key:
+            return ctx.idempotency_key
+        if ctx.session_id and ctx.tool_call_id:
+            return f"{ctx.session_id}:{ctx.tool_call_id}"
+        return None
+
+    async def _existing(self, agent_id: str, key: str) -> ConfirmationRequest | None:
+        return (
+            await self._session.exec(
+                select(ConfirmationRequest).where(
+                    col(ConfirmationRequest.agent_id) == agent_id,
+                    col(ConfirmationRequest.idempotency_key) == key,
+                )
+            )
+        ).one_or_none()
+
+    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
+        assert isinstance(gate, ConfirmationGate)
+        session, config = self._session, self._config
+        key = self.idempotency_key(ctx)
+        if key is not None and (found := await self._existing(ctx.agent_id, key)) is not None:
+            self.request = found
+            return decision_for(found)
+
+        now = self._now or utcnow()
+        words = (
+            config.redact | frozenset(w.lower() for w in config.agents[ctx.agent_id].redact)
+            if ctx.agent_id in config.agents
+            else config.redact
+        )
+        req = ConfirmationRequest(
+            id=uuid.uuid4().hex,
+            agent_id=ctx.agent_id,
+            tool_name=ctx.tool_name,
+            arguments=redact(dict(ctx.arguments), words),
+            user_id=ctx.user_id,
+            session_id=ctx.session_id,
+            tool_call_id=ctx.tool_call_id,
+            idempotency_key=key,
+            request_metadata=redact(dict(ctx.metadata), words),
+            gate={
+                "name": gate.label,
+                "approvers": list(gate.approvers),
+                "quorum": gate.quorum,
+                "allow_self_approval": gate.allow_self_approval,
+                "require_reject_reason": gate.require_reject_reason,
+                "timeout_seconds": gate.timeout.total_seconds(),
+            },
+            channel=gate.channel,
+            requester=config.recognise(ctx.user_id) or ctx.user_id,
+            created_at=now,
+            expires_at=now + gate.timeout,
+        )
+        try:
+            async with session.begin_nested():
+                session.add(req)
+                await session.flush()
+        except IntegrityError:
+            # The same call raced itself in; answer with the request that won.
+            found = await self._existing(ctx.agent_id, key or "")
+            if found is None:
+                raise
+            self.request = found
+            return decision_for(found)
+        await audit.append(
+            session,
+            "created",
+            actor=Actor("agent", ctx.agent_id),
+            request_id=req.id,
+            detail={
+                "tool": ctx.tool_name,
+                "gate": gate.label,
+                "channel": gate.channel,
+                "user_id": ctx.user_id,
+            },
+        )
+        session.add(
+            Delivery(
+                request_id=req.id, channel=gate.channel, kind="post", created_at=now, next_attempt_at=now
+            )
+        )
+        session.sync_session.info[OUTBOX_KEY] = True
+        self.created = self.request = req
+        return HookResult(
+            decision=Decision.PENDING,
+            reason=f"waiting for approval in {gate.channel} (request {req.id})",
+            request_id=req.id,
+        )

@@ -1,0 +1,66 @@
+"""FastAPI dependencies: the runtime, the request's transaction, agent and operator auth."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.db import transaction
+from app.keys import authenticate
+from app.runtime import Runtime
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+async def get_session(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
+    async with transaction(runtime.sessions) as session:
+        yield session
+
+
+SessionDep = Annotated[AsyncSession, Depends(get_session)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def get_agent(runtime: RuntimeDep, credentials: Credentials) -> str:
+    if credentials is None:
+        raise _unauthorized("missing API key: send `Authorization: Bearer <agent key>`")
+    async with runtime.sessions() as session:
+        agent = await authenticate(session, credentials.credentials)
+    if agent is None:
+        raise _unauthorized("unknown or revoked API key; create one with `signoff keys create AGENT`")
+    return agent
+
+
+AgentDep = Annotated[str, Depends(get_agent)]
+
+
+async def require_admin(runtime: RuntimeDep, credentials: Credentials) -> None:
+    token = runtime.settings.admin_token
+    if token is None:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "the operator API is disabled: set SIGNOFF_ADMIN_TOKEN"
+        )
+    if credentials is None or not hmac.compare_digest(
+        credentials.credentials.encode(), token.get_secret_value().encode()
+    ):
+        raise _unauthorized("wrong or missing admin token")
+
+
+AdminDep = Depends(require_admin)

@@ -1,0 +1,170 @@
+"""The application factory and its lifespan (sweep, outbox, cross-process wake-ups)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.confirmations import expire_overdue
+from app.db import transaction
+from app.outbox import Dispatcher
+from app.routers import admin, agent, callbacks, ops
+from app.runtime import Runtime
+from app.settings import Settings, get_settings
+from channels import InteractiveChannel
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("signoff")
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._too_large(send)
+                return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._too_large(send)
+
+    async def _too_large(self, send: Send) -> None:
+        body = f'{{"detail":"request body is larger than {self.limit} bytes"}}'.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def sweep(runtime: Runtime) -> None:
+    """Expire overdue requests (APScheduler job; every replica runs it safely)."""
+    try:
+        while True:
+            async with transaction(runtime.sessions) as session:
+                expired = await expire_overdue(session)
+            if len(expired) < 500:
+                return
+    except Exception:
+        log.exception("expiry sweep failed")
+
+
+def create_app(
+    runtime: Runtime | None = None, *, settings: Settings | None = None, background: bool = True
+) -> FastAPI:
+    """Build the app. Tests pass a ``runtime``; ``background=False`` skips sweep and outbox loops."""
+    settings = settings or (runtime.settings if runtime else get_settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        rt = runtime or Runtime.create(settings)
+        app.state.runtime = rt
+        tasks: list[asyncio.Task[None]] = []
+        scheduler = AsyncIOScheduler()
+        if background:
+            for ch in rt.channels.values():
+                if isinstance(ch, InteractiveChannel):
+                    await ch.start(rt.clicks)
+            scheduler.add_job(
+                sweep,
+                "interval",
+                args=[rt],
+                seconds=settings.sweep_interval_seconds,
+                max_instances=1,
+                coalesce=True,
+                id="expiry-sweep",
+            )
+            scheduler.start()
+            dispatcher = Dispatcher(
+                rt.sessions,
+                rt.channels,
+                rt.config,
+                wake=rt.hub.outbox,
+                poll_seconds=settings.outbox_poll_seconds,
+            )
+            tasks.append(asyncio.create_task(dispatcher.run(), name="outbox"))
+            tasks.append(
+                asyncio.create_task(
+                    rt.hub.poll_other_processes(rt.recently_decided, settings.cross_process_poll_seconds),
+                    name="wake-poller",
+                )
+            )
+            await sweep(rt)
+        try:
+            yield
+        finally:
+            if scheduler.running:
+                scheduler.shutdown(wait=False)
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            if runtime is None:
+                await rt.aclose()
+
+    app = FastAPI(
+        title="Signoff",
+        summary="Human approval for AI agents' tool calls",
+        version="1",
+        lifespan=lifespan,
+    )
+    if runtime is not None:
+        app.state.runtime = runtime
+    app.include_router(agent.router)
+    app.include_router(admin.router)
+    app.include_router(callbacks.router)
+    app.include_router(ops.router)
+
+    @app.exception_handler(DBAPIError)
+    async def database_unavailable(request: Request, exc: DBAPIError) -> JSONResponse:
+        log.error("database error on %s: %s", request.url.path, exc)
+        return JSONResponse({"detail": "the database is unavailable; try again"}, 503)
+
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

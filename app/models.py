@@ -1,0 +1,170 @@
+"""Tables. The schema is created only by the migrations in ``migrations/``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+SQLModel.metadata.naming_convention = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on both engines (SQLite stores no zone, so restore it on read)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _ts(**kw: Any) -> Any:
+    return Field(sa_type=UTCDateTime(), **kw)
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class ConfirmationRequest(SQLModel, table=True):
+    __tablename__ = "confirmation_request"
+    __table_args__ = (
+        sa.UniqueConstraint("agent_id", "idempotency_key", name="uq_confirmation_request_idempotency"),
+        sa.Index("ix_confirmation_request_status_expires_at", "status", "expires_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=32)
+    agent_id: str = Field(index=True, max_length=200)
+    tool_name: str = Field(max_length=500)
+    arguments: dict[str, Any] = Field(sa_type=sa.JSON)
+    user_id: str | None = Field(default=None, max_length=200)
+    session_id: str | None = Field(default=None, max_length=200)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+    idempotency_key: str | None = Field(default=None, max_length=500)
+    request_metadata: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    gate: dict[str, Any] = Field(sa_type=sa.JSON)
+    """The gate as it was when the request was made (name, approvers, quorum, …)."""
+    channel: str = Field(max_length=200)
+    requester: str | None = Field(default=None, max_length=200)
+    """The directory key of the person the agent acts for, if recognised."""
+    status: Status = Field(default=Status.PENDING, sa_type=sa.String(16))
+    reason: str | None = Field(default=None)
+    created_at: datetime = _ts(default_factory=utcnow)
+    expires_at: datetime = _ts()
+    decided_at: datetime | None = _ts(default=None, nullable=True)
+    decided_by_channel: str | None = Field(default=None, max_length=200)
+    decided_by_user_id: str | None = Field(default=None, max_length=200)
+    decided_by_name: str | None = Field(default=None, max_length=200)
+
+
+class Vote(SQLModel, table=True):
+    __tablename__ = "vote"
+    __table_args__ = (sa.UniqueConstraint("request_id", "voter", name="uq_vote_request_voter"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    request_id: str = Field(foreign_key="confirmation_request.id", index=True, max_length=32)
+    voter: str = Field(max_length=300)
+    """Who voted: a directory key, or ``channel:user_id`` for someone not in the directory."""
+    verdict: str = Field(max_length=16)
+    channel: str = Field(max_length=200)
+    user_id: str = Field(max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+    email: str | None = Field(default=None, max_length=320)
+    reason: str | None = None
+    identity: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    created_at: datetime = _ts(default_factory=utcnow)
+
+
+class AuditEvent(SQLModel, table=True):
+    """Append-only; each event stores the hash of the one before it."""
+
+    __tablename__ = "audit_event"
+
+    seq: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    request_id: str | None = Field(default=None, index=True, max_length=32)
+    action: str = Field(max_length=64)
+    actor_channel: str | None = Field(default=None, max_length=200)
+    actor_id: str | None = Field(default=None, max_length=200)
+    actor_name: str | None = Field(default=None, max_length=200)
+    detail: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    created_at: datetime = _ts(default_factory=utcnow)
+    prev_hash: str = Field(max_length=64)
+    hash: str = Field(max_length=64)
+
+
+class AuditHead(SQLModel, table=True):
+    """The chain's tip, one row; updating it serialises appends across processes."""
+
+    __tablename__ = "audit_head"
+
+    id: int = Field(default=1, primary_key=True, sa_column_kwargs={"autoincrement": False})
+    seq: int = 0
+    last_hash: str = Field(max_length=64)
+
+
+class OutboxStatus(StrEnum):
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+class Delivery(SQLModel, table=True):
+    """One card post or card update owed to a channel (the outbox)."""
+
+    __tablename__ = "delivery"
+    __table_args__ = (sa.Index("ix_delivery_status_next_attempt_at", "status", "next_attempt_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    request_id: str = Field(foreign_key="confirmation_request.id", index=True, max_length=32)
+    channel: str = Field(max_length=200)
+    kind: str = Field(max_length=16)
+    """``post`` or ``update``."""
+    status: OutboxStatus = Field(default=OutboxStatus.PENDING, sa_type=sa.String(16))
+    attempts: int = 0
+    next_attempt_at: datetime = _ts(default_factory=utcnow)
+    leased_until: datetime | None = _ts(default=None, nullable=True)
+    last_error: str | None = None
+    message_ref: dict[str, str] | None = Field(default=None, sa_type=sa.JSON)
+    created_at: datetime = _ts(default_factory=utcnow)
+    sent_at: datetime | None = _ts(default=None, nullable=True)
+
+
+class AgentKey(SQLModel, table=True):
+    """An agent's API key, stored as a SHA-256 hash (keys are 256-bit random)."""
+
+    __tablename__ = "agent_key"
+
+    id: str = Field(primary_key=True, max_length=16)
+    agent_id: str = Field(index=True, max_length=200)
+    key_hash: str = Field(unique=True, max_length=64)
+    created_at: datetime = _ts(default_factory=utcnow)
+    revoked_at: datetime | None = _ts(default=None, nullable=True)

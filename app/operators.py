@@ -1,0 +1,34 @@
+"""Decisions made by named operators (operator API, command line, console)."""
+
+from __future__ import annotations
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.config import SignoffConfig
+from app.confirmations import Voter, VoteResult, cast_vote
+from channels import Verdict
+
+__all__ = ["decide"]
+
+
+async def decide(
+    session: AsyncSession,
+    request_id: str,
+    *,
+    verdict: Verdict,
+    operator: str,
+    config: SignoffConfig,
+    reason: str | None = None,
+    via: str = "web",
+) -> VoteResult | None:
+    """Vote as ``operator`` through the built-in web channel, with the gate's approver rules."""
+    person = config.person_for("web", operator)
+    voter = Voter(
+        channel="web",
+        channel_type="web",
+        user_id=operator,
+        name=config.display_name(person) if person else operator,
+        person=person,
+        identity={"via": via},
+    )
+    return await cast_vote(session, request_id, voter=voter, verdict=verdict, config=config, reason=reason)

@@ -1,0 +1,217 @@
+"""The outbox dispatcher: delivers card posts and updates after commit.
+
+Rows are claimed with a lease (a conditional UPDATE), so several dispatchers,
+in one process or many, never send the same row at once; a crash simply lets the
+lease run out and the row is sent again. Transient failures back off
+exponentially (honouring ``Retry-After``); a permanent failure to post cancels
+the request, so its agent is denied with the reason instead of waiting for a
+card nobody can see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import col, or_, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.audit import Actor
+from app.config import SignoffConfig
+from app.confirmations import build_card, get_request, transition, votes_for
+from app.models import Delivery, OutboxStatus, Status, utcnow
+from channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
+
+__all__ = ["Dispatcher", "backoff"]
+
+log = logging.getLogger("signoff.outbox")
+
+LEASE = timedelta(seconds=60)
+MAX_ATTEMPTS = 60
+
+
+def backoff(attempts: int, retry_after: float | None = None) -> float:
+    """Seconds before the next try: exponential with jitter, capped at 5 minutes."""
+    base = min(300.0, 0.5 * 2 ** min(attempts, 10))
+    delay = base * (0.5 + random.random() / 2)
+    return max(delay, retry_after or 0.0)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        channels: Mapping[str, Channel],
+        config: SignoffConfig,
+        *,
+        wake: asyncio.Event,
+        poll_seconds: float = 1.0,
+        concurrency: int = 8,
+    ) -> None:
+        self._sessions = sessions
+        self._channels = channels
+        self._config = config
+        self._wake = wake
+        self._poll = poll_seconds
+        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+
+    async def run(self) -> None:
+        """Deliver until cancelled."""
+        while True:
+            try:
+                sent = await self.run_once()
+            except Exception:
+                log.exception("outbox pass failed")
+                sent = 0
+            if sent == 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self._poll)
+                except TimeoutError:
+                    pass
+
+    async def run_once(self, *, now: datetime | None = None) -> int:
+        """Claim and deliver what is due now; returns how many rows were handled."""
+        ids = await self._claim(now or utcnow(), self._concurrency * 4)
+        if ids:
+            await asyncio.gather(*(self._deliver_guarded(i) for i in ids))
+        return len(ids)
+
+    async def _claim(self, now: datetime, limit: int) -> list[int]:
+        async with self._sessions() as session, session.begin():
+            due = (
+                await session.exec(
+                    select(Delivery.id)
+                    .where(
+                        col(Delivery.status) == OutboxStatus.PENDING,
+                        col(Delivery.next_attempt_at) <= now,
+                        or_(col(Delivery.leased_until).is_(None), col(Delivery.leased_until) < now),
+                    )
+                    .order_by(col(Delivery.id))
+                    .limit(limit)
+                )
+            ).all()
+            claimed: list[int] = []
+            for did in due:
+                assert did is not None
+                res = await session.execute(
+                    sa.update(Delivery)
+                    .where(
+                        col(Delivery.id) == did,
+                        col(Delivery.status) == OutboxStatus.PENDING,
+                        or_(col(Delivery.leased_until).is_(None), col(Delivery.leased_until) < now),
+                    )
+                    .values(leased_until=now + LEASE)
+                    .returning(col(Delivery.id))
+                )
+                if res.first() is not None:
+                    claimed.append(did)
+            return claimed
+
+    async def _deliver_guarded(self, delivery_id: int) -> None:
+        async with self._slots:
+            try:
+                await self._deliver(delivery_id)
+            except Exception:
+                log.exception("delivery %s failed unexpectedly", delivery_id)
+
+    async def _deliver(self, delivery_id: int) -> None:
+        async with self._sessions() as session:
+            d = await session.get(Delivery, delivery_id)
+            req = await get_request(session, d.request_id) if d else None
+            if d is None or req is None:
+                return
+            votes = await votes_for(session, req.id)
+            post_ref: dict[str, str] | None = None
+            post_failed = False
+            if d.kind == "update":
+                post = (
+                    await session.exec(
+                        select(Delivery).where(
+                            col(Delivery.request_id) == d.request_id,
+                            col(Delivery.channel) == d.channel,
+                            col(Delivery.kind) == "post",
+                        )
+                    )
+                ).first()
+                post_ref = post.message_ref if post is not None else None
+                post_failed = post is None or post.status == OutboxStatus.FAILED
+        channel = self._channels.get(d.channel)
+        if channel is None:
+            await self._finish(delivery_id, failed=f"no channel named {d.channel!r} is configured")
+            return
+        card = build_card(req, votes, self._config, channel.type)
+
+        if d.kind == "update" and post_ref is None:
+            if post_failed:
+                await self._finish(delivery_id, failed="the card was never posted")
+            else:
+                # The post has not gone out yet; it will show the latest state anyway.
+                await self._retry(
+                    delivery_id, d.attempts, "waiting for the card to be posted", 1.0, count=False
+                )
+            return
+        try:
+            if d.kind == "post":
+                ref = await channel.post(card)
+                await self._finish(delivery_id, ref=ref)
+                log.info("posted card for %s to %s", req.id, d.channel)
+            else:
+                assert post_ref is not None
+                await channel.update(post_ref, card)
+                await self._finish(delivery_id)
+        except RetryableDeliveryError as exc:
+            if d.attempts + 1 >= MAX_ATTEMPTS:
+                await self._give_up(d, exc)
+            else:
+                await self._retry(delivery_id, d.attempts, exc.reason, backoff(d.attempts, exc.retry_after))
+        except PermanentDeliveryError as exc:
+            await self._give_up(d, exc)
+        except Exception as exc:  # an unexpected channel bug is treated as transient
+            log.exception("channel %s raised", d.channel)
+            await self._retry(delivery_id, d.attempts, f"{type(exc).__name__}: {exc}", backoff(d.attempts))
+
+    async def _finish(
+        self, delivery_id: int, *, ref: dict[str, str] | None = None, failed: str | None = None
+    ) -> None:
+        async with self._sessions() as session, session.begin():
+            values: dict[str, object] = {"leased_until": None, "attempts": Delivery.attempts + 1}
+            if failed is None:
+                values |= {"status": OutboxStatus.SENT.value, "sent_at": utcnow(), "last_error": None}
+                if ref is not None:
+                    values["message_ref"] = ref
+            else:
+                values |= {"status": OutboxStatus.FAILED.value, "last_error": failed}
+            await session.execute(sa.update(Delivery).where(col(Delivery.id) == delivery_id).values(**values))
+
+    async def _retry(
+        self, delivery_id: int, attempts: int, error: str, delay: float, *, count: bool = True
+    ) -> None:
+        async with self._sessions() as session, session.begin():
+            await session.execute(
+                sa.update(Delivery)
+                .where(col(Delivery.id) == delivery_id)
+                .values(
+                    leased_until=None,
+                    attempts=attempts + (1 if count else 0),
+                    last_error=error,
+                    next_attempt_at=utcnow() + timedelta(seconds=delay),
+                )
+            )
+
+    async def _give_up(self, d: Delivery, exc: DeliveryError) -> None:
+        assert d.id is not None
+        reason = f"could not deliver the card to {d.channel}: {exc.reason}"
+        log.warning("%s (request %s)", reason, d.request_id)
+        await self._finish(d.id, failed=exc.reason)
+        if d.kind == "post":
+            async with self._sessions() as session, session.begin():
+                await transition(
+                    session, d.request_id, Status.CANCELLED, actor=Actor("system", "outbox"), reason=reason
+                )

@@ -1,0 +1,103 @@
+"""Everything one server process holds: settings, config, database, channels, hooks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlmodel import Session, col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.channel_types import build_channel
+from app.clicks import ClickService
+from app.config import SignoffConfig, load_config
+from app.confirmations import DECIDED_KEY, OUTBOX_KEY
+from app.db import create_engine
+from app.models import ConfirmationRequest
+from app.settings import Settings
+from app.waiters import Hub
+from channels import Channel
+from hooks import HookRegistry
+
+__all__ = ["Runtime"]
+
+log = logging.getLogger("signoff")
+
+
+def _session_class(hub: Hub) -> type[Session]:
+    """A session class that wakes waiters and the dispatcher once its transaction commits."""
+
+    class NotifyingSession(Session):
+        pass
+
+    @event.listens_for(NotifyingSession, "after_commit")
+    def _after_commit(session: Session) -> None:
+        decided = session.info.pop(DECIDED_KEY, None)
+        if decided:
+            hub.notify(decided)
+        if session.info.pop(OUTBOX_KEY, False):
+            hub.outbox.set()
+
+    @event.listens_for(NotifyingSession, "after_rollback")
+    def _after_rollback(session: Session) -> None:
+        session.info.pop(DECIDED_KEY, None)
+        session.info.pop(OUTBOX_KEY, None)
+
+    return NotifyingSession
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    config: SignoffConfig
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    hub: Hub
+    channels: dict[str, Channel] = field(default_factory=dict)
+    registries: dict[str, HookRegistry] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        settings: Settings,
+        config: SignoffConfig | None = None,
+        *,
+        channels: dict[str, Channel] | None = None,
+    ) -> Runtime:
+        config = config if config is not None else load_config(settings.config)
+        engine = create_engine(settings.database_url)
+        hub = Hub()
+        sessions = async_sessionmaker(
+            engine, class_=AsyncSession, expire_on_commit=False, sync_session_class=_session_class(hub)
+        )
+        built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
+        built.update(channels or {})
+        registries = {
+            agent: HookRegistry(pre_tool_use=list(cfg.hooks)) for agent, cfg in config.agents.items()
+        }
+        return cls(settings, config, engine, sessions, hub, built, registries)
+
+    @property
+    def clicks(self) -> ClickService:
+        return ClickService(self.sessions, self.config)
+
+    async def recently_decided(self, since: Any) -> list[tuple[str, Any]]:
+        async with self.sessions() as session:
+            rows = await session.exec(
+                select(ConfirmationRequest.id, ConfirmationRequest.decided_at).where(
+                    col(ConfirmationRequest.decided_at) >= since
+                )
+            )
+            return [(r[0], r[1]) for r in rows.all()]
+
+    async def aclose(self, extra: Iterable[Channel] = ()) -> None:
+        for ch in [*self.channels.values(), *extra]:
+            try:
+                await ch.aclose()
+            except Exception:
+                log.exception("closing channel %s", ch.name)
+        await self.engine.dispose()

@@ -1,0 +1,148 @@
+"""The v1 HTTP contract: request and response bodies (fields may be added, never renamed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.models import AuditEvent, ConfirmationRequest, Status, Vote
+
+
+class PreToolUseIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tool_name: str = Field(min_length=1, max_length=500)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    session_id: str | None = Field(default=None, max_length=200)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+    user_id: str | None = Field(default=None, max_length=200)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=500)
+
+
+class Decider(BaseModel):
+    channel: str
+    user_id: str | None
+    name: str | None
+
+
+class VoteOut(BaseModel):
+    verdict: str
+    channel: str
+    user_id: str
+    name: str | None
+    email: str | None
+    reason: str | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, v: Vote) -> VoteOut:
+        return cls(
+            verdict=v.verdict,
+            channel=v.channel,
+            user_id=v.user_id,
+            name=v.name,
+            email=v.email,
+            reason=v.reason,
+            created_at=v.created_at,
+        )
+
+
+class RequestOut(BaseModel):
+    id: str
+    agent_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    status: Status
+    created_at: datetime
+    expires_at: datetime
+    decided_at: datetime | None
+    decided_by: Decider | None
+    reason: str | None
+    user_id: str | None
+    session_id: str | None
+    tool_call_id: str | None
+    channel: str
+    gate: str
+    quorum: int
+    approvals: int
+    votes: list[VoteOut]
+
+    @classmethod
+    def of(cls, r: ConfirmationRequest, votes: Sequence[Vote]) -> RequestOut:
+        decided_by = (
+            Decider(channel=r.decided_by_channel, user_id=r.decided_by_user_id, name=r.decided_by_name)
+            if r.decided_by_channel
+            else None
+        )
+        return cls(
+            id=r.id,
+            agent_id=r.agent_id,
+            tool_name=r.tool_name,
+            arguments=r.arguments,
+            status=Status(r.status),
+            created_at=r.created_at,
+            expires_at=r.expires_at,
+            decided_at=r.decided_at,
+            decided_by=decided_by,
+            reason=r.reason,
+            user_id=r.user_id,
+            session_id=r.session_id,
+            tool_call_id=r.tool_call_id,
+            channel=r.channel,
+            gate=str(r.gate.get("name", "")),
+            quorum=int(r.gate.get("quorum", 1)),
+            approvals=sum(1 for v in votes if v.verdict == "approve"),
+            votes=[VoteOut.of(v) for v in votes],
+        )
+
+
+class DecisionOut(BaseModel):
+    decision: Literal["allow", "deny", "pending"]
+    reason: str | None = None
+    request_id: str | None = None
+    request: RequestOut | None = None
+    modified_arguments: dict[str, Any] | None = None
+
+
+class AuditEventOut(BaseModel):
+    seq: int
+    request_id: str | None
+    action: str
+    actor_channel: str | None
+    actor_id: str | None
+    actor_name: str | None
+    detail: dict[str, Any]
+    created_at: datetime
+    hash: str
+    prev_hash: str
+
+    @classmethod
+    def of(cls, e: AuditEvent) -> AuditEventOut:
+        return cls.model_validate(e, from_attributes=True)
+
+
+class AdminRequestOut(RequestOut):
+    audit: list[AuditEventOut]
+
+
+class DecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    verdict: Literal["approve", "reject"]
+    operator: str = Field(min_length=1, max_length=200)
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class AuditVerifyOut(BaseModel):
+    ok: bool
+    events: int
+    broken_at: int | None = None
+    problem: str | None = None
+
+
+class Problem(BaseModel):
+    detail: str

@@ -1,0 +1,49 @@
+"""Process settings from the environment (``SIGNOFF_*``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_PLACEHOLDERS = {"", "changeme", "change-me", "secret", "admin", "password", "token"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SIGNOFF_", extra="ignore")
+
+    environment: str = "production"
+    """``development`` allows an unset admin token; anything else refuses placeholders."""
+    database_url: str = Field(default_factory=lambda: f"sqlite+aiosqlite:///{Path.cwd() / 'signoff.db'}")
+    config: Path | None = None
+    """The YAML file with channels, people and agents (``SIGNOFF_CONFIG``)."""
+    admin_token: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    migrate_on_start: bool = True
+
+    max_body_bytes: int = 64 * 1024
+    max_argument_depth: int = 32
+    max_argument_bytes: int = 32 * 1024
+    max_wait_seconds: float = 60.0
+    sweep_interval_seconds: float = 1.0
+    outbox_poll_seconds: float = 1.0
+    cross_process_poll_seconds: float = 1.0
+    """How often a waiter re-reads its request, to learn of decisions made by another process."""
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> Settings:
+        token = self.admin_token.get_secret_value() if self.admin_token else None
+        if token is not None and token.strip().lower() in _PLACEHOLDERS and self.environment != "development":
+            raise ValueError(
+                "SIGNOFF_ADMIN_TOKEN is a placeholder; set a long random value "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return self
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,60 @@
+"""Wakes agents waiting on a request the moment its decision commits.
+
+In-process: the session's ``after_commit`` hook calls :meth:`Hub.notify`.
+Across processes: while anyone waits, one poller per process reads the ids
+decided recently (one query, however many waiters) and wakes their waiters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+__all__ = ["Hub"]
+
+RecentlyDecided = Callable[[datetime], Coroutine[Any, Any, list[tuple[str, datetime]]]]
+
+
+class Hub:
+    def __init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self.outbox = asyncio.Event()
+        """Set when deliveries were queued, to wake the dispatcher."""
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(v) for v in self._waiters.values())
+
+    def notify(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            for ev in self._waiters.get(rid, ()):
+                ev.set()
+
+    def subscribe(self, request_id: str) -> asyncio.Event:
+        ev = asyncio.Event()
+        self._waiters.setdefault(request_id, set()).add(ev)
+        return ev
+
+    def unsubscribe(self, request_id: str, ev: asyncio.Event) -> None:
+        bucket = self._waiters.get(request_id)
+        if bucket is not None:
+            bucket.discard(ev)
+            if not bucket:
+                del self._waiters[request_id]
+
+    async def poll_other_processes(
+        self, recently_decided: RecentlyDecided, interval: float, overlap: float = 5.0
+    ) -> None:
+        """Wake waiters for decisions committed by other processes (runs until cancelled)."""
+        while True:
+            await asyncio.sleep(interval)
+            if not self._waiters:
+                continue
+            # A waiter reads its row after subscribing, so only decisions committed
+            # since then matter; a fixed look-back covers commit lag and clock skew.
+            since = datetime.now().astimezone() - timedelta(seconds=overlap)
+            with contextlib.suppress(Exception):
+                self.notify(rid for rid, _ in await recently_decided(since))

@@ -1,0 +1,35 @@
+"""Chat-channel adapters behind one small interface (see :mod:`channels._contract`)."""
+
+from channels._contract import (
+    CallbackRejected,
+    CallbackReply,
+    Card,
+    Channel,
+    Click,
+    ClickHandler,
+    ClickOutcome,
+    DeliveryError,
+    InteractiveChannel,
+    MessageRef,
+    PermanentDeliveryError,
+    Person,
+    RetryableDeliveryError,
+    Verdict,
+)
+
+__all__ = [
+    "CallbackRejected",
+    "CallbackReply",
+    "Card",
+    "Channel",
+    "Click",
+    "ClickHandler",
+    "ClickOutcome",
+    "DeliveryError",
+    "InteractiveChannel",
+    "MessageRef",
+    "PermanentDeliveryError",
+    "Person",
+    "RetryableDeliveryError",
+    "Verdict",
+]

@@ -1,0 +1,200 @@
+"""The channel contract: plain data in, plain data out.
+
+A channel turns a :class:`Card` into a message on a chat platform, keeps that
+message up to date, and turns a verified button click into a :class:`Click`.
+Channels never touch the database: the server hands them a
+:class:`ClickHandler` that applies clicks through the state machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "CallbackRejected",
+    "CallbackReply",
+    "Card",
+    "Channel",
+    "Click",
+    "ClickHandler",
+    "ClickOutcome",
+    "DeliveryError",
+    "InteractiveChannel",
+    "MessageRef",
+    "PermanentDeliveryError",
+    "Person",
+    "RetryableDeliveryError",
+    "Verdict",
+]
+
+MessageRef = dict[str, str]
+"""Where a posted card lives (for Slack ``channel`` and ``ts``, for Feishu ``message_id``)."""
+
+
+class Verdict(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    """Someone named on a card: their id on this channel (if known) and a display name."""
+
+    name: str
+    user_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """Everything a channel needs to draw one approval card, current as of rendering."""
+
+    request_id: str
+    agent_id: str
+    tool_name: str
+    arguments: Mapping[str, Any]
+    """Already redacted by the server; a channel only truncates."""
+    status: str
+    """``pending``, ``approved``, ``rejected``, ``expired`` or ``cancelled``."""
+    created_at: datetime
+    expires_at: datetime
+    quorum: int
+    approvers: tuple[Person, ...]
+    """Who may approve; empty means anyone who can see the card."""
+    requester: Person | None = None
+    approvals: tuple[Person, ...] = ()
+    """Approvals recorded so far."""
+    decided_by: Person | None = None
+    decided_at: datetime | None = None
+    reason: str | None = None
+    require_reject_reason: bool = False
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class Click:
+    """A verified button press (or rejection form) parsed from a platform callback."""
+
+    request_id: str
+    verdict: Verdict
+    user_id: str
+    user_name: str | None = None
+    reason: str | None = None
+    event_id: str | None = None
+    """The platform's delivery id, for de-duplicating redeliveries."""
+    identity: Mapping[str, str] = field(default_factory=dict)
+    """Platform facts about the clicker recorded for the audit trail (team id, open_id, …)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClickOutcome:
+    """What the server did with a click, for the channel to show to the clicker."""
+
+    accepted: bool
+    """True when the vote was recorded (whether or not it decided the request)."""
+    message: str
+    """One line for the clicker: the outcome, or why nothing changed."""
+    card: Card
+    """The request as it stands after the click."""
+
+
+class ClickHandler(Protocol):
+    """What the server offers a channel: apply clicks, enrich identities."""
+
+    async def click(self, channel: str, click: Click) -> ClickOutcome:
+        """Record a click through the state machine (votes, quorum, audit, card updates)."""
+        ...
+
+    async def enrich_identity(
+        self, channel: str, user_id: str, *, name: str | None, email: str | None
+    ) -> None:
+        """Attach a looked-up display name and email to the votes this user cast."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackReply:
+    """The HTTP answer to a platform callback, plus work to do after answering."""
+
+    status_code: int = 200
+    body: Mapping[str, Any] | None = None
+    after: Callable[[], Awaitable[None]] | None = None
+    """Slow work (user lookups, modal follow-ups) run after the acknowledgement."""
+
+
+class DeliveryError(Exception):
+    """Posting or updating a card failed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RetryableDeliveryError(DeliveryError):
+    """A transient failure (rate limit, 5xx, network); try again later."""
+
+    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+class PermanentDeliveryError(DeliveryError):
+    """A failure retrying cannot fix (bad token, unknown chat); the request is cancelled."""
+
+
+class CallbackRejected(Exception):
+    """A callback failed verification or could not be parsed; nothing is applied.
+
+    ``reason`` is recorded in the audit log and metrics; it is never sent back.
+    """
+
+    def __init__(self, reason: str, *, status_code: int = 401) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status_code = status_code
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """Posts approval cards and keeps them current."""
+
+    name: str
+    """The channel's name in the configuration (``ops-slack``)."""
+    type: str
+    """The channel type (``slack``, ``feishu``, ``web``)."""
+
+    async def post(self, card: Card) -> MessageRef:
+        """Post a new card; raise a :class:`DeliveryError` on failure."""
+        ...
+
+    async def update(self, ref: MessageRef, card: Card) -> None:
+        """Redraw a posted card; a decided card must have no buttons left."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release clients and background connections."""
+        ...
+
+
+@runtime_checkable
+class InteractiveChannel(Channel, Protocol):
+    """A channel that receives clicks over HTTP callbacks or its own connection."""
+
+    async def handle_callback(
+        self, body: bytes, headers: Mapping[str, str], handler: ClickHandler
+    ) -> CallbackReply:
+        """Verify (signature first), parse and apply one callback.
+
+        Raises :class:`CallbackRejected` for anything that fails verification.
+        """
+        ...
+
+    async def start(self, handler: ClickHandler) -> None:
+        """Start receiving over a platform connection (Socket Mode, long connection), if configured."""
+        ...

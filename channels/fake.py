@@ -1,0 +1,57 @@
+"""A channel that keeps its cards in memory, for flow tests and local demos.
+
+``failures`` lets a test script what the next deliveries do: raise a retryable
+or permanent error before succeeding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from channels._contract import Card, DeliveryError, MessageRef
+
+__all__ = ["FakeChannel", "FakeConfig", "create"]
+
+
+class FakeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["fake"] = "fake"
+
+
+@dataclass
+class FakeChannel:
+    name: str
+    type: str = "fake"
+    posts: list[Card] = field(default_factory=list)
+    updates: list[tuple[MessageRef, Card]] = field(default_factory=list)
+    failures: list[DeliveryError] = field(default_factory=list)
+
+    def _maybe_fail(self) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+
+    async def post(self, card: Card) -> MessageRef:
+        self._maybe_fail()
+        self.posts.append(card)
+        return {"message_id": f"fake-{len(self.posts)}", "request_id": card.request_id}
+
+    async def update(self, ref: MessageRef, card: Card) -> None:
+        self._maybe_fail()
+        self.updates.append((ref, card))
+
+    async def aclose(self) -> None:
+        return None
+
+    def cards_for(self, request_id: str) -> list[Card]:
+        """Every rendering of one request, posts then updates, in order."""
+        return [c for c in self.posts if c.request_id == request_id] + [
+            c for _, c in self.updates if c.request_id == request_id
+        ]
+
+
+def create(name: str, config: FakeConfig) -> FakeChannel:
+    return FakeChannel(name)

@@ -1,0 +1,41 @@
+"""The built-in ``web`` channel: requests are shown and decided in Signoff itself.
+
+Operators see pending requests through the operator API (and the console) and
+decide them there; nothing is sent anywhere, so posting and updating are free.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from channels._contract import Card, MessageRef
+
+__all__ = ["WebChannel", "WebConfig", "create"]
+
+
+class WebConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["web"] = "web"
+
+
+class WebChannel:
+    type = "web"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def post(self, card: Card) -> MessageRef:
+        return {"request_id": card.request_id}
+
+    async def update(self, ref: MessageRef, card: Card) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def create(name: str, config: WebConfig) -> WebChannel:
+    return WebChannel(name)

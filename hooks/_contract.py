@@ -1,0 +1,130 @@
+"""The hook contract: context in, typed result out, three hook points.
+
+A hook runs outside the model's reasoning at a fixed point of an agent's loop:
+``PreToolUse`` (may deny or rewrite arguments), ``PostToolUse`` (may rewrite the
+result) and ``SessionStart`` (may add context). Hooks see a snapshot of the call
+and return a :class:`HookResult`; they never mutate what they were given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "ApprovalBroker",
+    "Decision",
+    "HookContext",
+    "HookPoint",
+    "HookResult",
+    "PostToolUseHook",
+    "PreToolUseHook",
+    "SessionStartHook",
+]
+
+
+class Decision(StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+    PENDING = "pending"
+    """A human must decide; ``request_id`` names the confirmation request."""
+
+
+class HookPoint(StrEnum):
+    PRE_TOOL_USE = "pre_tool_use"
+    POST_TOOL_USE = "post_tool_use"
+    SESSION_START = "session_start"
+
+
+@dataclass(frozen=True, slots=True)
+class HookContext:
+    """A snapshot of one tool call (or session start) as the agent reported it."""
+
+    agent_id: str
+    tool_name: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    user_id: str | None = None
+    session_id: str | None = None
+    tool_call_id: str | None = None
+    idempotency_key: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    result: Any = None
+    """The tool's result (PostToolUse only)."""
+    approvals: ApprovalBroker | None = field(default=None, compare=False, repr=False)
+    """The server's approval service for this call (PreToolUse on the server only)."""
+
+    def with_arguments(self, arguments: Mapping[str, Any]) -> HookContext:
+        return replace(self, arguments=arguments)
+
+    def with_result(self, result: Any) -> HookContext:
+        return replace(self, result=result)
+
+
+@dataclass(frozen=True, slots=True)
+class HookResult:
+    """What a hook decided. The default allows and changes nothing."""
+
+    decision: Decision = Decision.ALLOW
+    reason: str | None = None
+    modified_arguments: Mapping[str, Any] | None = None
+    """PreToolUse: replaces the arguments for later hooks and for the tool."""
+    modified_result: Any = None
+    """PostToolUse: replaces the result the model sees (``None`` keeps it)."""
+    additional_context: str | None = None
+    """SessionStart: text to add to the agent's context."""
+    request_id: str | None = None
+    side_effects: tuple[str, ...] = ()
+    """What the hook did, for the audit trail."""
+
+    @classmethod
+    def allow(cls, **kwargs: Any) -> HookResult:
+        return cls(decision=Decision.ALLOW, **kwargs)
+
+    @classmethod
+    def deny(cls, reason: str, **kwargs: Any) -> HookResult:
+        return cls(decision=Decision.DENY, reason=reason, **kwargs)
+
+
+@runtime_checkable
+class PreToolUseHook(Protocol):
+    """Runs before a tool; may deny, ask a human, or rewrite the arguments."""
+
+    name: str
+    priority: int
+    """Lower runs earlier."""
+
+    def matches(self, ctx: HookContext) -> bool: ...
+
+    async def before_tool_use(self, ctx: HookContext) -> HookResult: ...
+
+
+@runtime_checkable
+class PostToolUseHook(Protocol):
+    """Runs after a tool; may rewrite its result."""
+
+    name: str
+    priority: int
+
+    def matches(self, ctx: HookContext) -> bool: ...
+
+    async def after_tool_use(self, ctx: HookContext) -> HookResult: ...
+
+
+@runtime_checkable
+class SessionStartHook(Protocol):
+    """Runs before a session's first model call; may add context."""
+
+    name: str
+    priority: int
+
+    async def on_session_start(self, ctx: HookContext) -> HookResult: ...
+
+
+class ApprovalBroker(Protocol):
+    """The server side of the confirmation gate: turns a call into a pending request."""
+
+    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
+        """Create (or find, by idempotency key) the request; return its decision."""
+        ...

@@ -1,0 +1,124 @@
+"""The confirmation gate: a PreToolUse hook that sends matching calls to a human.
+
+A gate matches a call when the tool name fits one of its globs and its optional
+``when`` condition holds. Conditions are CEL (Common Expression Language), compiled
+once at load and evaluated over ``args``, ``tool``, ``agent``, ``user`` and
+``metadata``; CEL cannot run code, touch files or loop forever. A condition that
+fails to evaluate (a missing field, a type mismatch) counts as a match, so a human
+decides rather than the call slipping through.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from datetime import timedelta
+from typing import Any
+
+import cel
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from hooks._contract import HookContext, HookResult
+
+__all__ = ["ConfirmationGate", "parse_duration"]
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: str | int | float | timedelta) -> timedelta:
+    """``90``, ``"45s"``, ``"30m"``, ``"2h"``, ``"1d"`` → a :class:`timedelta`."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(value)
+        if m is None:
+            raise ValueError(f"{value!r} is not a duration; write e.g. 90s, 30m, 2h or 1d")
+        seconds = float(int(m.group(1)) * _UNITS[m.group(2)])
+    if seconds <= 0:
+        raise ValueError("a duration must be positive")
+    return timedelta(seconds=seconds)
+
+
+class ConfirmationGate(BaseModel):
+    """``type: confirmation_gate`` in an agent's ``hooks`` list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str = Field(default="confirmation_gate", pattern="^confirmation_gate$")
+    name: str = ""
+    tools: tuple[str, ...] = Field(min_length=1)
+    """Tool name globs (``pay_*``, ``mcp__github__*``); ``*`` matches every tool."""
+    when: str | None = None
+    """A CEL condition over ``args``, ``tool``, ``agent``, ``user``, ``metadata``."""
+    channel: str
+    approvers: tuple[str, ...] = ()
+    """People from the directory, or raw channel user ids. Empty: anyone who sees the card."""
+    quorum: int = Field(default=1, ge=1)
+    timeout: timedelta = timedelta(minutes=30)
+    allow_self_approval: bool = False
+    require_reject_reason: bool = False
+    priority: int = 100
+
+    _program: Any = PrivateAttr(default=None)
+    _patterns: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _parse_timeout(cls, value: Any) -> timedelta:
+        return parse_duration(value)
+
+    @field_validator("when")
+    @classmethod
+    def _check_when(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            cel.compile(value)
+        except Exception as exc:
+            raise ValueError(f"invalid CEL condition: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> ConfirmationGate:
+        if self.approvers and self.quorum > len(self.approvers):
+            raise ValueError(
+                f"quorum {self.quorum} is more than the {len(self.approvers)} approver(s) listed"
+            )
+        return self
+
+    def model_post_init(self, __context: Any) -> None:
+        self._patterns = tuple(re.compile(fnmatch.translate(t)) for t in self.tools)
+        self._program = cel.compile(self.when) if self.when else None
+
+    @property
+    def label(self) -> str:
+        return self.name or f"confirmation_gate[{','.join(self.tools)}]"
+
+    def matches(self, ctx: HookContext) -> bool:
+        if not any(p.match(ctx.tool_name) for p in self._patterns):
+            return False
+        if self._program is None:
+            return True
+        try:
+            return bool(
+                self._program.execute(
+                    {
+                        "args": dict(ctx.arguments),
+                        "tool": ctx.tool_name,
+                        "agent": ctx.agent_id,
+                        "user": ctx.user_id or "",
+                        "metadata": dict(ctx.metadata),
+                    }
+                )
+            )
+        except Exception:
+            # Fail closed: an unevaluable condition sends the call to a human.
+            return True
+
+    async def before_tool_use(self, ctx: HookContext) -> HookResult:
+        if ctx.approvals is None:
+            return HookResult.deny(f"{self.label} needs a human decision but no approval service is available")
+        return await ctx.approvals.request_approval(ctx, self)

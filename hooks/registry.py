@@ -1,0 +1,120 @@
+"""Runs an agent's hooks in priority order, each under a timeout, failing closed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+
+from hooks._contract import (
+    Decision,
+    HookContext,
+    HookResult,
+    PostToolUseHook,
+    PreToolUseHook,
+    SessionStartHook,
+)
+
+__all__ = ["DEFAULT_HOOK_TIMEOUT", "HookRegistry"]
+
+log = logging.getLogger("signoff.hooks")
+
+DEFAULT_HOOK_TIMEOUT = 5.0
+
+
+async def _guarded(name: str, call: Awaitable[HookResult], timeout: float) -> HookResult:
+    """Await one hook; any failure becomes a deny that names the hook."""
+    try:
+        result = await asyncio.wait_for(call, timeout)
+    except TimeoutError:
+        return HookResult.deny(f"hook {name!r} did not answer within {timeout:g}s", side_effects=("failed",))
+    except Exception as exc:
+        log.exception("hook %s raised", name)
+        return HookResult.deny(f"hook {name!r} failed: {type(exc).__name__}", side_effects=("failed",))
+    if not isinstance(result, HookResult):
+        return HookResult.deny(f"hook {name!r} returned {type(result).__name__}, not a HookResult", side_effects=("failed",))
+    return result
+
+
+@dataclass(slots=True)
+class HookRegistry:
+    """One agent's hooks, sorted by priority (lower first, then configuration order)."""
+
+    pre_tool_use: Sequence[PreToolUseHook] = ()
+    post_tool_use: Sequence[PostToolUseHook] = ()
+    session_start: Sequence[SessionStartHook] = ()
+    timeout: float = DEFAULT_HOOK_TIMEOUT
+
+    def __post_init__(self) -> None:
+        self.pre_tool_use = sorted(self.pre_tool_use, key=lambda h: h.priority)
+        self.post_tool_use = sorted(self.post_tool_use, key=lambda h: h.priority)
+        self.session_start = sorted(self.session_start, key=lambda h: h.priority)
+
+    async def run_pre_tool_use(self, ctx: HookContext) -> HookResult:
+        """Run matching PreToolUse hooks until one denies or asks a human.
+
+        Rewritten arguments pass on to later hooks and are returned in
+        ``modified_arguments``. A hook that raises, times out or returns
+        anything but a :class:`HookResult` denies the call.
+        """
+        effects: list[str] = []
+        rewritten = False
+        for hook in self.pre_tool_use:
+            try:
+                applies = hook.matches(ctx)
+            except Exception as exc:
+                return HookResult.deny(f"hook {hook.name!r} failed to match: {type(exc).__name__}")
+            if not applies:
+                continue
+            result = await _guarded(hook.name, hook.before_tool_use(ctx), self.timeout)
+            effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
+            if result.modified_arguments is not None and result.decision is Decision.ALLOW:
+                ctx = ctx.with_arguments(result.modified_arguments)
+                rewritten = True
+            if result.decision is not Decision.ALLOW:
+                return HookResult(
+                    decision=result.decision,
+                    reason=result.reason,
+                    request_id=result.request_id,
+                    modified_arguments=ctx.arguments if rewritten else None,
+                    side_effects=tuple(effects),
+                )
+        return HookResult(
+            modified_arguments=ctx.arguments if rewritten else None,
+            side_effects=tuple(effects),
+        )
+
+    async def run_post_tool_use(self, ctx: HookContext) -> HookResult:
+        """Run matching PostToolUse hooks, each seeing the previous one's result."""
+        effects: list[str] = []
+        rewritten = False
+        for hook in self.post_tool_use:
+            try:
+                applies = hook.matches(ctx)
+            except Exception:
+                log.exception("post hook %s failed to match", hook.name)
+                continue
+            if not applies:
+                continue
+            result = await _guarded(hook.name, hook.after_tool_use(ctx), self.timeout)
+            effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
+            if result.decision is Decision.DENY:
+                return HookResult.deny(result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects))
+            if result.modified_result is not None:
+                ctx = ctx.with_result(result.modified_result)
+                rewritten = True
+        return HookResult(modified_result=ctx.result if rewritten else None, side_effects=tuple(effects))
+
+    async def run_session_start(self, ctx: HookContext) -> HookResult:
+        """Run SessionStart hooks and join the context they add."""
+        parts: list[str] = []
+        effects: list[str] = []
+        for hook in self.session_start:
+            result = await _guarded(hook.name, hook.on_session_start(ctx), self.timeout)
+            effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
+            if result.decision is Decision.DENY:
+                return HookResult.deny(result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects))
+            if result.additional_context:
+                parts.append(result.additional_context)
+        return HookResult(additional_context="\n\n".join(parts) or None, side_effects=tuple(effects))
