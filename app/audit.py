@@ -77,10 +77,10 @@ async def append(
     chain never forks.
     """
     row = (
-        await session.execute(
+        await session.exec(
             sa.update(AuditHead)
             .where(col(AuditHead.id) == 1)
-            .values(seq=AuditHead.seq + 1)  # type: ignore[operator]
+            .values(seq=AuditHead.seq + 1)
             .returning(col(AuditHead.seq), col(AuditHead.last_hash))
         )
     ).one()
@@ -110,7 +110,7 @@ async def append(
         hash=digest,
     )
     session.add(event)
-    await session.execute(sa.update(AuditHead).where(col(AuditHead.id) == 1).values(last_hash=digest))
+    await session.exec(sa.update(AuditHead).where(col(AuditHead.id) == 1).values(last_hash=digest))
     return event
 
 

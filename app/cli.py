@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -12,10 +11,10 @@ import typer
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.audit import Actor, verify_chain
+from app.audit import Actor, BrokenLink, verify_chain
 from app.config import ConfigError, load_config
 from app.confirmations import get_request, votes_for
-from app.db import create_engine, migrate, transaction, sessionmaker
+from app.db import create_engine, migrate, sessionmaker, transaction
 from app.keys import create_key, revoke_keys
 from app.models import AgentKey, ConfirmationRequest, Status
 from app.operators import decide
@@ -94,6 +93,8 @@ def serve(
         port=port or settings.port,
         log_level="info",
         access_log=False,
+        # Long-polls are re-attached by clients; do not hold a restart for them.
+        timeout_graceful_shutdown=3,
     )
 
 
@@ -261,7 +262,7 @@ def requests_reject(
 def audit_verify() -> None:
     """Check the audit log's hash chain; report the first broken link."""
 
-    async def work(session: AsyncSession, settings: Settings) -> tuple[int, object]:
+    async def work(session: AsyncSession, settings: Settings) -> tuple[int, BrokenLink | None]:
         return await verify_chain(session)
 
     count, broken = _with_session(work)
@@ -270,7 +271,7 @@ def audit_verify() -> None:
         return
     typer.echo(
         f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)"
-    )  # type: ignore[attr-defined]
+    )
     raise typer.Exit(1)
 
 
@@ -279,4 +280,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

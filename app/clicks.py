@@ -56,7 +56,7 @@ class ClickService:
         if not values:
             return
         async with transaction(self._sessions) as session:
-            await session.execute(
+            await session.exec(
                 sa.update(Vote)
                 .where(col(Vote.channel) == channel, col(Vote.user_id) == user_id)
                 .values(**values)

@@ -12,10 +12,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from app.channel_types import CHANNEL_TYPES, ChannelConfig
 from hooks.confirmation_gate import ConfirmationGate
@@ -165,7 +165,9 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
     except ValidationError as exc:
         raise ConfigError([f"{source}: {p}" for p in problems + _errors(exc, "")]) from None
 
-    channels: dict[str, ChannelConfig] = {"web": CHANNEL_TYPES["web"].config.model_validate({"type": "web"})}
+    channels: dict[str, ChannelConfig] = {
+        "web": cast(ChannelConfig, CHANNEL_TYPES["web"].config.model_validate({"type": "web"}))
+    }
     for name, body in doc.channels.items():
         kind = body.get("type")
         if kind not in CHANNEL_TYPES:
@@ -173,7 +175,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
             problems.append(f"channels.{name}.type: unknown channel type {kind!r} (known: {known})")
             continue
         try:
-            channels[name] = TypeAdapter(CHANNEL_TYPES[kind].config).validate_python(body)
+            channels[name] = cast(ChannelConfig, CHANNEL_TYPES[kind].config.model_validate(body))
         except ValidationError as exc:
             problems.extend(_errors(exc, f"channels.{name}"))
 

@@ -116,7 +116,7 @@ async def transition(
     in a status that allows ``target``); nothing is written then.
     """
     now = now or utcnow()
-    result = await session.execute(
+    result = await session.exec(
         sa.update(ConfirmationRequest)
         .where(
             col(ConfirmationRequest.id) == request_id, col(ConfirmationRequest.status).in_(_sources(target))
@@ -151,9 +151,11 @@ async def expire_overdue(
         .where(col(ConfirmationRequest.status) == Status.PENDING, col(ConfirmationRequest.expires_at) <= now)
         .order_by(col(ConfirmationRequest.expires_at))
         .limit(batch)
+        # Replicas sweeping at once skip each other's rows instead of deadlocking.
+        .with_for_update(skip_locked=True)
     )
     rows = (
-        await session.execute(
+        await session.exec(
             sa.update(ConfirmationRequest)
             .where(
                 col(ConfirmationRequest.id).in_(due.scalar_subquery()),
@@ -218,7 +220,7 @@ class VoteResult:
 
 def _describe_decided(req: ConfirmationRequest) -> str:
     who = req.decided_by_name or req.decided_by_user_id
-    if req.status is Status.EXPIRED or req.status == Status.EXPIRED.value:
+    if req.status == Status.EXPIRED:
         return "This request has already expired."
     by = f" by {who}" if who and req.decided_by_channel != "system" else ""
     return f"This request was already {req.status}{by}."

@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-__all__ = ["async_url", "create_engine", "is_sqlite", "migrate", "transaction", "sessionmaker"]
+__all__ = ["async_url", "create_engine", "is_sqlite", "migrate", "sessionmaker", "transaction"]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 

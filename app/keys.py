@@ -58,7 +58,7 @@ async def revoke_keys(
     else:
         raise ValueError("name a key id or an agent")
     rows = (
-        await session.execute(
+        await session.exec(
             stmt.values(revoked_at=utcnow()).returning(col(AgentKey.id), col(AgentKey.agent_id))
         )
     ).all()

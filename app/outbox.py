@@ -39,7 +39,7 @@ def backoff(attempts: int, retry_after: float | None = None) -> float:
     """Seconds before the next try: exponential with jitter, capped at 5 minutes."""
     base = min(300.0, 0.5 * 2 ** min(attempts, 10))
     delay = base * (0.5 + random.random() / 2)
-    return max(delay, retry_after or 0.0)
+    return float(max(delay, retry_after or 0.0))
 
 
 class Dispatcher:
@@ -100,7 +100,7 @@ class Dispatcher:
             claimed: list[int] = []
             for did in due:
                 assert did is not None
-                res = await session.execute(
+                res = await session.exec(
                     sa.update(Delivery)
                     .where(
                         col(Delivery.id) == did,
@@ -188,13 +188,13 @@ class Dispatcher:
                     values["message_ref"] = ref
             else:
                 values |= {"status": OutboxStatus.FAILED.value, "last_error": failed}
-            await session.execute(sa.update(Delivery).where(col(Delivery.id) == delivery_id).values(**values))
+            await session.exec(sa.update(Delivery).where(col(Delivery.id) == delivery_id).values(**values))
 
     async def _retry(
         self, delivery_id: int, attempts: int, error: str, delay: float, *, count: bool = True
     ) -> None:
         async with self._sessions() as session, session.begin():
-            await session.execute(
+            await session.exec(
                 sa.update(Delivery)
                 .where(col(Delivery.id) == delivery_id)
                 .values(

@@ -91,9 +91,13 @@ class HookResult:
 class PreToolUseHook(Protocol):
     """Runs before a tool; may deny, ask a human, or rewrite the arguments."""
 
-    name: str
-    priority: int
-    """Lower runs earlier."""
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def priority(self) -> int:
+        """Lower runs earlier."""
+        ...
 
     def matches(self, ctx: HookContext) -> bool: ...
 
@@ -104,8 +108,11 @@ class PreToolUseHook(Protocol):
 class PostToolUseHook(Protocol):
     """Runs after a tool; may rewrite its result."""
 
-    name: str
-    priority: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
 
     def matches(self, ctx: HookContext) -> bool: ...
 
@@ -116,8 +123,11 @@ class PostToolUseHook(Protocol):
 class SessionStartHook(Protocol):
     """Runs before a session's first model call; may add context."""
 
-    name: str
-    priority: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
 
     async def on_session_start(self, ctx: HookContext) -> HookResult: ...
 

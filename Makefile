@@ -1,0 +1,59 @@
+# Two commands: `make run` (the server on SQLite with the example config) and
+# `make test` (everything CI runs). Both install what they need into .venv.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff_test
+
+.PHONY: install run test lint typecheck migrations-check pytest postgres bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@echo "==> installing Signoff and its development tools into $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
+	@$(BIN)/python -m pip install --quiet -e ".[slack,feishu]" --group dev
+	@rm -f $(VENV)/.installed-* && touch $@
+
+run: install
+	@test -s .signoff-admin-token || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > .signoff-admin-token
+	@echo "==> Signoff on http://127.0.0.1:8000 (SQLite: ./signoff.db, config: examples/signoff.yaml)"
+	@echo "    operator API token: $$(cat .signoff-admin-token)   (export SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token))"
+	@SIGNOFF_CONFIG=$${SIGNOFF_CONFIG:-examples/signoff.yaml} SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token) \
+		$(BIN)/signoff serve
+
+test: install postgres lint typecheck migrations-check pytest
+
+lint: install
+	@echo "==> ruff"
+	@$(BIN)/ruff check .
+	@$(BIN)/ruff format --check .
+
+typecheck: install
+	@echo "==> mypy --strict"
+	@$(BIN)/mypy
+
+postgres:
+	@bash scripts/ensure-postgres.sh
+
+migrations-check: install
+	@echo "==> migrations: upgrade and check on SQLite and PostgreSQL"
+	@rm -f /tmp/signoff-migrations-check.db
+	@SIGNOFF_DATABASE_URL=sqlite:////tmp/signoff-migrations-check.db $(BIN)/alembic upgrade head
+	@SIGNOFF_DATABASE_URL=sqlite:////tmp/signoff-migrations-check.db $(BIN)/alembic check
+	@SIGNOFF_DATABASE_URL=$(SIGNOFF_TEST_POSTGRES_URL) $(BIN)/alembic upgrade head
+	@SIGNOFF_DATABASE_URL=$(SIGNOFF_TEST_POSTGRES_URL) $(BIN)/alembic check
+
+pytest: install
+	@echo "==> pytest (SQLite and PostgreSQL)"
+	@$(BIN)/pytest
+
+bench: install postgres
+	@$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache signoff.db*

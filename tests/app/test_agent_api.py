@@ -1,0 +1,217 @@
+"""The agent API over real HTTP, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from app.audit import Actor
+from app.db import transaction
+from app.keys import revoke_keys
+from app.operators import decide
+from app.runtime import Runtime
+from channels import Verdict
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def gate(http: httpx.AsyncClient, key: str, **body: object) -> httpx.Response:
+    return await http.post("/v1/hooks/pre-tool-use", json=body, headers=auth(key))
+
+
+async def test_no_gate_matches_allows_without_a_request(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime
+) -> None:
+    small = await gate(http, agent_key, tool_name="pay_invoice", arguments={"amount": 10})
+    other = await gate(http, agent_key, tool_name="read_file", arguments={"path": "/etc/hosts"})
+    for r in (small, other):
+        assert r.status_code == 200
+        assert r.json()["decision"] == "allow"
+        assert r.json()["request_id"] is None
+    listed = await http.get(
+        "/v1/admin/requests", headers={"Authorization": "Bearer test-admin-token-0123456789"}
+    )
+    assert listed.json() == []
+
+
+async def test_matching_gate_creates_a_pending_request(http: httpx.AsyncClient, agent_key: str) -> None:
+    r = await gate(
+        http,
+        agent_key,
+        tool_name="pay_invoice",
+        arguments={"amount": 60000, "api_token": "s3cret"},
+        user_id="carol",
+        session_id="s1",
+        tool_call_id="t1",
+    )
+    assert r.status_code == 200
+    body = r.json()
+    assert body["decision"] == "pending"
+    req = body["request"]
+    assert req["id"] == body["request_id"]
+    assert req["status"] == "pending"
+    assert req["agent_id"] == "finance-bot"
+    assert req["arguments"] == {"amount": 60000, "api_token": "[redacted]"}
+    assert req["gate"] == "payments"
+    assert req["quorum"] == 1
+    read = await http.get(f"/v1/requests/{req['id']}", headers=auth(agent_key))
+    assert read.json()["status"] == "pending"
+
+
+async def test_same_idempotency_key_returns_the_same_request(http: httpx.AsyncClient, agent_key: str) -> None:
+    first = await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000}, idempotency_key="k-1")
+    again = await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000}, idempotency_key="k-1")
+    other = await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000}, idempotency_key="k-2")
+    assert first.json()["request_id"] == again.json()["request_id"]
+    assert other.json()["request_id"] != first.json()["request_id"]
+
+
+async def test_session_and_tool_call_id_are_an_idempotency_key(
+    http: httpx.AsyncClient, agent_key: str
+) -> None:
+    bodies = [
+        {"tool_name": "pay_x", "arguments": {"amount": 90000}, "session_id": "s", "tool_call_id": "c"}
+        for _ in range(5)
+    ]
+    # Sent at once: they race to insert and must still agree on one request.
+    answers = await asyncio.gather(*(gate(http, agent_key, **b) for b in bodies))  # type: ignore[arg-type]
+    ids = {a.json()["request_id"] for a in answers}
+    assert len(ids) == 1
+    assert all(a.json()["decision"] == "pending" for a in answers)
+
+
+async def test_replay_after_decision_answers_with_the_decision(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime
+) -> None:
+    r = await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000}, idempotency_key="k")
+    rid = r.json()["request_id"]
+    async with transaction(runtime.sessions) as s:
+        await decide(
+            s, rid, verdict=Verdict.REJECT, operator="alice", config=runtime.config, reason="too much"
+        )
+    again = await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000}, idempotency_key="k")
+    assert again.json()["decision"] == "deny"
+    assert "too much" in again.json()["reason"]
+    assert "Alice" in again.json()["reason"]
+
+
+async def test_wait_returns_the_moment_the_request_is_decided(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime
+) -> None:
+    rid = (await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000})).json()["request_id"]
+    started = time.monotonic()
+    waiter = asyncio.create_task(
+        http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=auth(agent_key))
+    )
+    await asyncio.sleep(0.3)
+    assert not waiter.done()
+    async with transaction(runtime.sessions) as s:
+        await decide(s, rid, verdict=Verdict.APPROVE, operator="bob", config=runtime.config)
+    resp = await asyncio.wait_for(waiter, 10)
+    assert resp.json()["status"] == "approved"
+    assert resp.json()["decided_by"] == {"channel": "web", "user_id": "bob", "name": "Bob"}
+    # Woken by the commit, not by the 30 s timeout.
+    assert time.monotonic() - started < 5
+
+
+async def test_wait_times_out_with_the_current_state(http: httpx.AsyncClient, agent_key: str) -> None:
+    rid = (await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000})).json()["request_id"]
+    resp = await http.get(f"/v1/requests/{rid}/wait", params={"timeout": 0.2}, headers=auth(agent_key))
+    assert resp.status_code == 200
+    assert resp.json()["status"] == "pending"
+    too_long = await http.get(f"/v1/requests/{rid}/wait", params={"timeout": 61}, headers=auth(agent_key))
+    assert too_long.status_code == 422
+
+
+async def test_cancel_once_then_conflict(http: httpx.AsyncClient, agent_key: str) -> None:
+    rid = (await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000})).json()["request_id"]
+    first = await http.post(f"/v1/requests/{rid}/cancel", headers=auth(agent_key))
+    assert first.status_code == 200
+    assert first.json()["status"] == "cancelled"
+    second = await http.post(f"/v1/requests/{rid}/cancel", headers=auth(agent_key))
+    assert second.status_code == 409
+    assert "already cancelled" in second.json()["detail"]
+
+
+async def test_keys_are_checked(http: httpx.AsyncClient, agent_key: str, runtime: Runtime) -> None:
+    body = {"tool_name": "pay_x", "arguments": {}}
+    assert (await http.post("/v1/hooks/pre-tool-use", json=body)).status_code == 401
+    bad = await http.post("/v1/hooks/pre-tool-use", json=body, headers=auth("sk_signoff_nope_nope"))
+    assert bad.status_code == 401
+    async with transaction(runtime.sessions) as s:
+        await revoke_keys(s, agent_id="finance-bot", actor=Actor("test"))
+    revoked = await http.post("/v1/hooks/pre-tool-use", json=body, headers=auth(agent_key))
+    assert revoked.status_code == 401
+    assert "revoked" in revoked.json()["detail"]
+
+
+async def test_an_agent_sees_only_its_own_requests(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime
+) -> None:
+    from app.keys import create_key
+
+    rid = (await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000})).json()["request_id"]
+    async with transaction(runtime.sessions) as s:
+        _, other = await create_key(s, "other-bot", actor=Actor("test"))
+    for method, path in [
+        ("GET", f"/v1/requests/{rid}"),
+        ("GET", f"/v1/requests/{rid}/wait?timeout=0"),
+        ("POST", f"/v1/requests/{rid}/cancel"),
+    ]:
+        r = await http.request(method, path, headers=auth(other))
+        assert r.status_code == 404, path
+    assert (await http.get(f"/v1/requests/{rid}", headers=auth(agent_key))).json()["status"] == "pending"
+
+
+async def test_unconfigured_agent_is_denied(http: httpx.AsyncClient, runtime: Runtime) -> None:
+    from app.keys import create_key
+
+    async with transaction(runtime.sessions) as s:
+        _, key = await create_key(s, "ghost", actor=Actor("test"))
+    r = await gate(http, key, tool_name="anything", arguments={})
+    assert r.json()["decision"] == "deny"
+    assert "ghost" in r.json()["reason"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 422, ""),
+        (b'{"arguments": {}}', 422, "tool_name"),
+        (b'{"tool_name": "", "arguments": {}}', 422, "tool_name"),
+        (b'{"tool_name": "pay_x", "arguments": [1, 2]}', 422, "arguments"),
+        (
+            b'{"tool_name": "pay_x", "arguments": ' + b'{"a":' * 40 + b"1" + b"}" * 40 + b"}",
+            422,
+            "nested deeper",
+        ),
+        (b'{"tool_name": "pay_x", "arguments": {"blob": "' + b"x" * 40000 + b'"}}', 422, "bytes as JSON"),
+        (b'{"tool_name": "pay_x", "arguments": {"blob": "' + b"x" * 70000 + b'"}}', 413, "larger than"),
+    ],
+)
+async def test_bad_input_is_a_clear_4xx_and_changes_nothing(
+    http: httpx.AsyncClient,
+    agent_key: str,
+    admin_headers: dict[str, str],
+    body: bytes,
+    status: int,
+    fragment: str,
+) -> None:
+    r = await http.post(
+        "/v1/hooks/pre-tool-use",
+        content=body,
+        headers={**auth(agent_key), "content-type": "application/json"},
+    )
+    assert r.status_code == status, r.text
+    assert fragment in r.text
+    assert (await http.get("/v1/admin/requests", headers=admin_headers)).json() == []
+
+
+async def test_unknown_request_is_404(http: httpx.AsyncClient, agent_key: str) -> None:
+    r = await http.get("/v1/requests/does-not-exist", headers=auth(agent_key))
+    assert r.status_code == 404

@@ -1,0 +1,170 @@
+"""The transition table, walked whole; votes and quorum; the audit chain."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import sqlalchemy as sa
+from sqlmodel import col, select
+
+from app.audit import Actor, verify_chain
+from app.confirmations import ALLOWED_TRANSITIONS, TERMINAL, Voter, cast_vote, get_request, transition
+from app.db import transaction
+from app.models import AuditEvent, Delivery, Status
+from app.runtime import Runtime
+from channels import Verdict
+from tests.app.factories import make_request, make_row
+
+PAIRS = list(itertools.product(list(Status), [s for s in Status if s is not Status.PENDING]))
+
+
+def test_terminal_states_have_no_way_out() -> None:
+    assert set(TERMINAL) == {Status.APPROVED, Status.REJECTED, Status.EXPIRED, Status.CANCELLED}
+    assert ALLOWED_TRANSITIONS[Status.PENDING] == TERMINAL
+
+
+@pytest.mark.parametrize(("source", "target"), PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
+async def test_transition_table(runtime: Runtime, source: Status, target: Status) -> None:
+    async with transaction(runtime.sessions) as s:
+        req = await make_row(s, status=source)
+    async with transaction(runtime.sessions) as s:
+        moved = await transition(s, req.id, target, actor=Actor("test", "u1", "Tess"), reason="because")
+    allowed = target in ALLOWED_TRANSITIONS[source]
+    assert moved is allowed
+    async with runtime.sessions() as s:
+        after = await get_request(s, req.id)
+        assert after is not None
+        assert after.status == (target if allowed else source)
+        events = (await s.exec(select(AuditEvent.action).where(col(AuditEvent.request_id) == req.id))).all()
+        updates = (
+            await s.exec(
+                select(Delivery).where(col(Delivery.request_id) == req.id, col(Delivery.kind) == "update")
+            )
+        ).all()
+    if allowed:
+        assert after.decided_by_name == "Tess"
+        assert after.reason == "because"
+        assert events == ["created", target.value]
+        assert len(updates) == 1, "every transition owes its card a redraw"
+    else:
+        assert events == ["created"]
+        assert updates == []
+
+
+def voter(person: str, user_id: str | None = None) -> Voter:
+    return Voter(
+        channel="chat",
+        channel_type="fake",
+        user_id=user_id or f"U_{person.upper()}",
+        person=person,
+        name=person.title(),
+    )
+
+
+async def test_quorum_two_needs_two_distinct_approvers(runtime: Runtime) -> None:
+    cfg = runtime.config
+    async with transaction(runtime.sessions) as s:
+        req = await make_request(s, cfg, tool="wire_money")
+    async with transaction(runtime.sessions) as s:
+        first = await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
+    assert first is not None
+    assert first.accepted
+    assert not first.decided
+    assert "1 of 2" in first.message
+    async with transaction(runtime.sessions) as s:
+        twice = await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
+    assert twice is not None
+    assert not twice.accepted
+    assert "already voted" in twice.message
+    async with transaction(runtime.sessions) as s:
+        second = await cast_vote(s, req.id, voter=voter("bob"), verdict=Verdict.APPROVE, config=cfg)
+    assert second is not None
+    assert second.decided
+    assert second.request.status == Status.APPROVED
+
+
+async def test_one_rejection_rejects(runtime: Runtime) -> None:
+    cfg = runtime.config
+    async with transaction(runtime.sessions) as s:
+        req = await make_request(s, cfg, tool="wire_money")
+        await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
+    async with transaction(runtime.sessions) as s:
+        no_reason = await cast_vote(s, req.id, voter=voter("bob"), verdict=Verdict.REJECT, config=cfg)
+        assert no_reason is not None
+        assert not no_reason.accepted
+        assert "reason is required" in no_reason.message
+        rejected = await cast_vote(
+            s, req.id, voter=voter("bob"), verdict=Verdict.REJECT, config=cfg, reason="no"
+        )
+    assert rejected is not None
+    assert rejected.decided
+    assert rejected.request.status == Status.REJECTED
+    assert rejected.request.reason == "no"
+
+
+async def test_non_approvers_and_the_requester_are_refused_and_audited(runtime: Runtime) -> None:
+    cfg = runtime.config
+    async with transaction(runtime.sessions) as s:
+        req = await make_request(s, cfg, user_id="alice")
+    async with transaction(runtime.sessions) as s:
+        outsider = await cast_vote(s, req.id, voter=voter("carol"), verdict=Verdict.APPROVE, config=cfg)
+        stranger = await cast_vote(
+            s, req.id, voter=Voter("chat", "fake", "U_NOBODY"), verdict=Verdict.APPROVE, config=cfg
+        )
+        requester = await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
+    assert outsider is not None
+    assert stranger is not None
+    assert requester is not None
+    assert not outsider.accepted
+    assert "not an approver" in outsider.message
+    assert not stranger.accepted
+    assert "not an approver" in stranger.message
+    assert not requester.accepted
+    assert "your own behalf" in requester.message
+    async with runtime.sessions() as s:
+        refused = (
+            await s.exec(
+                select(AuditEvent).where(
+                    col(AuditEvent.request_id) == req.id, col(AuditEvent.action) == "vote_refused"
+                )
+            )
+        ).all()
+        assert [e.actor_id for e in refused] == ["U_CAROL", "U_NOBODY", "U_ALICE"]
+        assert (await get_request(s, req.id)).status == Status.PENDING  # type: ignore[union-attr]
+
+
+async def test_a_vote_on_a_decided_request_says_who_decided(runtime: Runtime) -> None:
+    cfg = runtime.config
+    async with transaction(runtime.sessions) as s:
+        req = await make_request(s, cfg)
+        await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
+    async with transaction(runtime.sessions) as s:
+        late = await cast_vote(s, req.id, voter=voter("bob"), verdict=Verdict.REJECT, config=cfg)
+    assert late is not None
+    assert not late.accepted
+    assert late.message == "This request was already approved by Alice."
+
+
+async def test_audit_chain_detects_edits_and_deletions(runtime: Runtime) -> None:
+    cfg = runtime.config
+    async with transaction(runtime.sessions) as s:
+        for _ in range(3):
+            await make_request(s, cfg)
+    async with runtime.sessions() as s:
+        count, broken = await verify_chain(s)
+    assert (count, broken) == (3, None)
+    async with transaction(runtime.sessions) as s:
+        await s.exec(sa.update(AuditEvent).where(col(AuditEvent.seq) == 2).values(detail={"tool": "forged"}))
+    async with runtime.sessions() as s:
+        count, broken = await verify_chain(s)
+    assert broken is not None
+    assert broken.seq == 2
+    assert count == 1
+    async with transaction(runtime.sessions) as s:
+        await s.exec(sa.delete(AuditEvent).where(col(AuditEvent.seq) == 2))
+    async with runtime.sessions() as s:
+        _, broken = await verify_chain(s)
+    assert broken is not None
+    assert broken.seq == 3
+    assert "missing" in broken.problem

@@ -1,0 +1,230 @@
+"""Shared fixtures: real SQLite and PostgreSQL databases built by the migrations, and a
+real HTTP server (uvicorn on a loopback port) around the app."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import uvicorn
+from sqlalchemy.engine import make_url
+
+from app.config import SignoffConfig, parse_config
+from app.db import migrate
+from app.main import create_app
+from app.runtime import Runtime
+from app.settings import Settings
+from channels.fake import FakeChannel
+
+PG_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/signoff_test")
+ADMIN_TOKEN = "test-admin-token-0123456789"
+TABLES = ["vote", "delivery", "audit_event", "agent_key", "confirmation_request"]
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "channels": {"chat": {"type": "fake"}},
+    "people": {
+        "alice": {"name": "Alice", "web": "alice", "fake": "U_ALICE"},
+        "bob": {"name": "Bob", "web": "bob", "fake": "U_BOB"},
+        "carol": {"name": "Carol", "web": "carol", "fake": "U_CAROL"},
+    },
+    "agents": {
+        "finance-bot": {
+            "hooks": [
+                {
+                    "type": "confirmation_gate",
+                    "name": "payments",
+                    "tools": ["pay_*"],
+                    "when": "has(args.amount) && args.amount >= 50000",
+                    "channel": "chat",
+                    "approvers": ["alice", "bob"],
+                    "quorum": 1,
+                    "timeout": "30m",
+                },
+                {
+                    "type": "confirmation_gate",
+                    "name": "two-person",
+                    "tools": ["wire_*"],
+                    "channel": "chat",
+                    "approvers": ["alice", "bob", "carol"],
+                    "quorum": 2,
+                    "timeout": "30m",
+                    "require_reject_reason": True,
+                },
+                {
+                    "type": "confirmation_gate",
+                    "name": "short",
+                    "tools": ["quick_*"],
+                    "channel": "chat",
+                    "timeout": "1s",
+                },
+            ]
+        },
+        "other-bot": {"hooks": []},
+    },
+}
+
+
+def _ensure_pg_database(url: str) -> None:
+    import asyncpg
+
+    u = make_url(url)
+
+    async def create() -> None:
+        conn = await asyncpg.connect(
+            user=u.username or "postgres", host=u.host, port=u.port or 5432, database="postgres"
+        )
+        try:
+            exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", u.database)
+            if not exists:
+                await conn.execute(f'CREATE DATABASE "{u.database}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'signoff.db'}"
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    _ensure_pg_database(PG_URL)
+    migrate(PG_URL)
+    return PG_URL
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each test that uses this runs once on SQLite and once on PostgreSQL, on a clean schema."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    _truncate(url)
+    return url
+
+
+def _truncate(url: str) -> None:
+    from app.db import create_engine
+
+    async def run() -> None:
+        engine = create_engine(url)
+        async with engine.begin() as conn:
+            for t in TABLES:
+                await conn.execute(sa.text(f"DELETE FROM {t}"))
+            await conn.execute(sa.text("UPDATE audit_head SET seq = 0, last_hash = :h"), {"h": "0" * 64})
+        await engine.dispose()
+
+    asyncio.run(run())
+
+
+@pytest.fixture
+def config() -> SignoffConfig:
+    return parse_config(DEFAULT_CONFIG, source="test.yaml")
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return Settings(database_url=db_url, admin_token=ADMIN_TOKEN)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fake_channel() -> FakeChannel:
+    return FakeChannel("chat")
+
+
+@pytest.fixture
+async def runtime(
+    settings: Settings, config: SignoffConfig, fake_channel: FakeChannel
+) -> AsyncIterator[Runtime]:
+    rt = Runtime.create(settings, config, channels={"chat": fake_channel})
+    yield rt
+    await rt.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """The app under uvicorn on a loopback port, in the test's event loop."""
+
+    def __init__(self, runtime: Runtime, *, background: bool = False) -> None:
+        self.runtime = runtime
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(runtime, background=background)
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=1,
+            )
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Server:
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            await asyncio.sleep(0.01)
+            if self._task.done():
+                self._task.result()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+
+
+@pytest.fixture
+async def server(runtime: Runtime) -> AsyncIterator[Server]:
+    async with Server(runtime) as s:
+        yield s
+
+
+@pytest.fixture
+async def http(server: Server) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+async def agent_key(runtime: Runtime) -> str:
+    from app.audit import Actor
+    from app.db import transaction
+    from app.keys import create_key
+
+    async with transaction(runtime.sessions) as session:
+        _, token = await create_key(session, "finance-bot", actor=Actor("test"))
+    return token
+
+
+@pytest.fixture
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_env_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ("SIGNOFF_CONFIG", "SIGNOFF_DATABASE_URL", "SIGNOFF_ADMIN_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    return
