@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from channels import Channel, fake, web
+from channels import Channel, fake, feishu, web
 
 __all__ = ["CHANNEL_TYPES", "ChannelConfig", "ChannelType", "build_channel"]
 
@@ -27,6 +27,7 @@ class ChannelType:
 CHANNEL_TYPES: dict[str, ChannelType] = {
     "web": ChannelType(web.WebConfig, web.create),
     "fake": ChannelType(fake.FakeConfig, fake.create),
+    "feishu": ChannelType(feishu.FeishuConfig, feishu.create),
 }
 
 

@@ -28,7 +28,8 @@ class ClickService:
             channel_type=kind,
             user_id=click.user_id,
             name=click.user_name,
-            person=self._config.person_for(kind, click.user_id),
+            person=self._config.person_for(kind, click.user_id)
+            or self._config.person_for(kind, click.identity.get("union_id", "")),
             identity={**click.identity, **({"event_id": click.event_id} if click.event_id else {})},
         )
         async with transaction(self._sessions) as session:

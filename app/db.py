@@ -31,7 +31,8 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def create_engine(url: str, **kw: Any) -> AsyncEngine:
+def create_engine(url: str, *, readonly: bool = False, **kw: Any) -> AsyncEngine:
+    """An engine; on SQLite, ``readonly`` engines take no write lock when they begin."""
     url = async_url(url)
     if not is_sqlite(url):
         kw.setdefault("pool_size", 20)
@@ -56,7 +57,8 @@ def create_engine(url: str, **kw: Any) -> AsyncEngine:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # WAL readers never wait for the writer; only writers queue for the lock.
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
     return engine
 

@@ -30,7 +30,9 @@ async def get_session(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
         yield session
 
 
-SessionDep = Annotated[AsyncSession, Depends(get_session)]
+# scope="function": commit before the response is sent, so a client never sees
+# an answer whose transaction could still fail.
+SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
@@ -41,7 +43,7 @@ def _unauthorized(detail: str) -> HTTPException:
 async def get_agent(runtime: RuntimeDep, credentials: Credentials) -> str:
     if credentials is None:
         raise _unauthorized("missing API key: send `Authorization: Bearer <agent key>`")
-    async with runtime.sessions() as session:
+    async with runtime.reads() as session:
         agent = await authenticate(session, credentials.credentials)
     if agent is None:
         raise _unauthorized("unknown or revoked API key; create one with `signoff keys create AGENT`")

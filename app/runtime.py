@@ -16,7 +16,7 @@ from app.channel_types import build_channel
 from app.clicks import ClickService
 from app.config import SignoffConfig, load_config
 from app.confirmations import DECIDED_KEY, OUTBOX_KEY
-from app.db import create_engine
+from app.db import create_engine, is_sqlite
 from app.models import ConfirmationRequest
 from app.settings import Settings
 from app.waiters import Hub
@@ -57,6 +57,8 @@ class Runtime:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     hub: Hub
+    reads: async_sessionmaker[AsyncSession]
+    """Sessions for reading only (on SQLite they do not queue behind writers)."""
     channels: dict[str, Channel] = field(default_factory=dict)
     registries: dict[str, HookRegistry] = field(default_factory=dict)
 
@@ -74,19 +76,26 @@ class Runtime:
         sessions = async_sessionmaker(
             engine, class_=AsyncSession, expire_on_commit=False, sync_session_class=_session_class(hub)
         )
+        reads = sessions
+        if is_sqlite(settings.database_url):
+            reads = async_sessionmaker(
+                create_engine(settings.database_url, readonly=True),
+                class_=AsyncSession,
+                expire_on_commit=False,
+            )
         built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
         built.update(channels or {})
         registries = {
             agent: HookRegistry(pre_tool_use=list(cfg.hooks)) for agent, cfg in config.agents.items()
         }
-        return cls(settings, config, engine, sessions, hub, built, registries)
+        return cls(settings, config, engine, sessions, hub, reads, built, registries)
 
     @property
     def clicks(self) -> ClickService:
         return ClickService(self.sessions, self.config)
 
     async def recently_decided(self, since: Any) -> list[tuple[str, Any]]:
-        async with self.sessions() as session:
+        async with self.reads() as session:
             rows = await session.exec(
                 select(ConfirmationRequest.id, ConfirmationRequest.decided_at).where(
                     col(ConfirmationRequest.decided_at) >= since
@@ -101,3 +110,6 @@ class Runtime:
             except Exception:
                 log.exception("closing channel %s", ch.name)
         await self.engine.dispose()
+        if self.reads is not self.sessions:
+            read_engine = self.reads.kw["bind"]
+            await read_engine.dispose()

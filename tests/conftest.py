@@ -90,6 +90,23 @@ def _ensure_pg_database(url: str) -> None:
     asyncio.run(create())
 
 
+def _drop_pg_database(url: str) -> None:
+    import asyncpg
+
+    u = make_url(url)
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(
+            user=u.username or "postgres", host=u.host, port=u.port or 5432, database="postgres"
+        )
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
 @pytest.fixture(scope="session")
 def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'signoff.db'}"
@@ -98,10 +115,14 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> str:
-    _ensure_pg_database(PG_URL)
-    migrate(PG_URL)
-    return PG_URL
+def postgres_url() -> Iterator[str]:
+    """A database of this test run's own, so parallel runs never truncate each other's rows."""
+    u = make_url(PG_URL)
+    url = u.set(database=f"{u.database}_{os.getpid()}").render_as_string(hide_password=False)
+    _ensure_pg_database(url)
+    migrate(url)
+    yield url
+    _drop_pg_database(url)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

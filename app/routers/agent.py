@@ -92,7 +92,7 @@ async def run_pre_tool_use(
 
 
 async def _own(runtime: Runtime, agent: str, request_id: str) -> RequestOut:
-    async with runtime.sessions() as session:
+    async with runtime.reads() as session:
         req = await get_request(session, request_id)
         if req is None or req.agent_id != agent:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r} for agent {agent!r}")

@@ -33,7 +33,7 @@ async def readyz(runtime: RuntimeDep) -> JSONResponse:
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(runtime: RuntimeDep) -> str:
     """Prometheus text format."""
-    async with runtime.sessions() as session:
+    async with runtime.reads() as session:
         by_status = (
             await session.exec(
                 select(ConfirmationRequest.status, sa.func.count()).group_by(col(ConfirmationRequest.status))
