@@ -120,5 +120,7 @@ class ConfirmationGate(BaseModel):
 
     async def before_tool_use(self, ctx: HookContext) -> HookResult:
         if ctx.approvals is None:
-            return HookResult.deny(f"{self.label} needs a human decision but no approval service is available")
+            return HookResult.deny(
+                f"{self.label} needs a human decision but no approval service is available"
+            )
         return await ctx.approvals.request_approval(ctx, self)

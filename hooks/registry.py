@@ -33,7 +33,9 @@ async def _guarded(name: str, call: Awaitable[HookResult], timeout: float) -> Ho
         log.exception("hook %s raised", name)
         return HookResult.deny(f"hook {name!r} failed: {type(exc).__name__}", side_effects=("failed",))
     if not isinstance(result, HookResult):
-        return HookResult.deny(f"hook {name!r} returned {type(result).__name__}, not a HookResult", side_effects=("failed",))
+        return HookResult.deny(
+            f"hook {name!r} returned {type(result).__name__}, not a HookResult", side_effects=("failed",)
+        )
     return result
 
 
@@ -100,7 +102,9 @@ class HookRegistry:
             result = await _guarded(hook.name, hook.after_tool_use(ctx), self.timeout)
             effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
             if result.decision is Decision.DENY:
-                return HookResult.deny(result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects))
+                return HookResult.deny(
+                    result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects)
+                )
             if result.modified_result is not None:
                 ctx = ctx.with_result(result.modified_result)
                 rewritten = True
@@ -114,7 +118,9 @@ class HookRegistry:
             result = await _guarded(hook.name, hook.on_session_start(ctx), self.timeout)
             effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
             if result.decision is Decision.DENY:
-                return HookResult.deny(result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects))
+                return HookResult.deny(
+                    result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects)
+                )
             if result.additional_context:
                 parts.append(result.additional_context)
         return HookResult(additional_context="\n\n".join(parts) or None, side_effects=tuple(effects))

@@ -1,0 +1,177 @@
+"""Rendering an approval :class:`Card` as Feishu card JSON 2.0.
+
+Text that comes from agents or people (tool names, arguments, names, reasons)
+never goes into markdown, where it could fake a heading or a link: it goes into
+``plain_text`` elements, and the arguments into a fenced JSON block whose lines
+(JSON-encoded) can never start with a backtick fence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from channels._contract import Card, Person, Verdict
+from channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD
+
+__all__ = ["MAX_ARGUMENTS_CHARS", "ToastType", "callback_body", "render_card"]
+
+MAX_ARGUMENTS_CHARS = 2000
+"""Arguments beyond this many characters are cut (cards are limited to 30 KB)."""
+_MAX_FIELD_CHARS = 200
+_MAX_NAMES = 20
+
+ToastType = Literal["info", "success", "warning", "error"]
+
+_HEADERS: dict[str, tuple[str, str]] = {
+    "pending": ("Approval required", "orange"),
+    "approved": ("Approved", "green"),
+    "rejected": ("Rejected", "red"),
+    "expired": ("Expired", "grey"),
+    "cancelled": ("Cancelled", "grey"),
+}
+
+
+def _cut(text: str, limit: int = _MAX_FIELD_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plain(content: str) -> dict[str, Any]:
+    return {"tag": "plain_text", "content": content}
+
+
+def _when(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _names(people: Iterable[Person]) -> str:
+    names = [_cut(person.name, 60) for person in people]
+    shown = ", ".join(names[:_MAX_NAMES])
+    return shown if len(names) <= _MAX_NAMES else f"{shown} and {len(names) - _MAX_NAMES} more"
+
+
+def _arguments_block(card: Card) -> str:
+    dumped = json.dumps(dict(card.arguments), indent=2, ensure_ascii=False, default=str)
+    if len(dumped) > MAX_ARGUMENTS_CHARS:
+        cut = len(dumped) - MAX_ARGUMENTS_CHARS
+        dumped = f"{dumped[:MAX_ARGUMENTS_CHARS]}\n… ({cut} more characters not shown)"
+    return f"**Arguments**\n```json\n{dumped}\n```"
+
+
+def _details(card: Card) -> str:
+    lines = [f"Agent: {_cut(card.agent_id)}", f"Tool: {_cut(card.tool_name)}"]
+    if card.requester is not None:
+        lines.append(f"On behalf of: {_cut(card.requester.name)}")
+    lines.append(f"Requested: {_when(card.created_at)}")
+    if card.is_pending:
+        lines.append(f"Expires: {_when(card.expires_at)}")
+    lines.append(f"Approvers: {_names(card.approvers) if card.approvers else 'anyone in this chat'}")
+    approvals = f"Approvals: {len(card.approvals)} of {card.quorum}"
+    if card.approvals:
+        approvals += f" ({_names(card.approvals)})"
+    lines.append(approvals)
+    return "\n".join(lines)
+
+
+def _outcome(card: Card) -> str:
+    lines = []
+    if card.decided_by is not None:
+        lines.append(f"Decided by: {_cut(card.decided_by.name)}")
+    if card.decided_at is not None:
+        lines.append(f"{'Expired' if card.status == 'expired' else 'Decided'} at: {_when(card.decided_at)}")
+    elif card.status == "expired":
+        lines.append(f"Expired at: {_when(card.expires_at)}")
+    if card.reason:
+        lines.append(f"Reason: {_cut(card.reason, MAX_REASON_CHARS)}")
+    return "\n".join(lines)
+
+
+def _value(card: Card, verdict: Verdict) -> dict[str, str]:
+    return {"request_id": card.request_id, "verdict": verdict.value}
+
+
+def _buttons(card: Card) -> list[dict[str, Any]]:
+    approve = {
+        "tag": "button",
+        "name": "approve",
+        "text": _plain("Approve"),
+        "type": "primary",
+        "confirm": {
+            "title": _plain("Approve this call?"),
+            "text": _plain(f"{_cut(card.agent_id, 60)} will run {_cut(card.tool_name, 60)}."),
+        },
+        "behaviors": [{"type": "callback", "value": _value(card, Verdict.APPROVE)}],
+    }
+    hint = "required" if card.require_reject_reason else "optional"
+    reject_form = {
+        "tag": "form",
+        "name": "reject_form",
+        "elements": [
+            {
+                "tag": "input",
+                "name": REASON_FIELD,
+                "required": card.require_reject_reason,
+                "max_length": MAX_REASON_CHARS,
+                "placeholder": _plain(f"Reason for rejecting ({hint})"),
+            },
+            {
+                "tag": "button",
+                "name": "reject",
+                "text": _plain("Reject"),
+                "type": "danger",
+                "form_action_type": "submit",
+                "behaviors": [{"type": "callback", "value": _value(card, Verdict.REJECT)}],
+            },
+        ],
+    }
+    return [approve, reject_form]
+
+
+def render_card(card: Card) -> dict[str, Any]:
+    """The card JSON 2.0 for ``card`` as it stands now.
+
+    Pending: what the agent wants to do, for whom, until when, who may approve and
+    how many approvals are in; an Approve button and a rejection form (reason
+    input + Reject submit). Each callback ``value`` is an object naming the request
+    and the verdict. Decided, expired or cancelled: the outcome, who decided, when
+    and why, and no buttons left.
+    """
+    title, colour = _HEADERS.get(card.status, (card.status.capitalize(), "grey"))
+    elements: list[dict[str, Any]] = [
+        {"tag": "div", "text": _plain(_details(card))},
+        {"tag": "markdown", "content": _arguments_block(card)},
+    ]
+    if card.is_pending:
+        elements.append({"tag": "hr"})
+        elements.extend(_buttons(card))
+    else:
+        outcome = _outcome(card)
+        if outcome:
+            elements.append({"tag": "hr"})
+            elements.append({"tag": "div", "text": _plain(outcome)})
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True},
+        "header": {
+            "title": _plain(title),
+            "subtitle": _plain(_cut(f"{card.agent_id} wants to run {card.tool_name}", 100)),
+            "template": colour,
+        },
+        "body": {"elements": elements},
+    }
+
+
+def callback_body(toast: ToastType, message: str, card: Card | None = None) -> dict[str, Any]:
+    """The synchronous answer to a card callback: a toast, and the redrawn card when known.
+
+    The card goes back as ``{"type": "raw", "data": <card JSON 2.0 object>}``, the
+    same schema as the card that was clicked.
+    """
+    body: dict[str, Any] = {"toast": {"type": toast, "content": _cut(message, 300)}}
+    if card is not None:
+        body["card"] = {"type": "raw", "data": render_card(card)}
+    return body

@@ -1,0 +1,101 @@
+"""Turning a verified card callback into a :class:`Click`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from channels._contract import CallbackRejected, Click, Verdict
+
+__all__ = ["MAX_REASON_CHARS", "REASON_FIELD", "parse_click"]
+
+REASON_FIELD = "reason"
+"""``name`` of the rejection form's input; its text arrives in ``action.form_value``."""
+MAX_REASON_CHARS = 1000
+_VERDICTS = frozenset(verdict.value for verdict in Verdict)
+
+
+def _unparseable(reason: str) -> CallbackRejected:
+    return CallbackRejected(reason, status_code=400)
+
+
+def _object(value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise _unparseable(f"{what} is not an object")
+    return value
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _button_value(action: Mapping[str, Any]) -> tuple[str, Verdict]:
+    value = action.get("value")
+    if isinstance(value, str):
+        # Legacy callbacks may carry the value as a JSON string.
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _unparseable("action value is not an object") from None
+    value = _object(value, "action value")
+    request_id = _text(value.get("request_id"))
+    if request_id is None:
+        raise _unparseable("action value names no request")
+    verdict = value.get("verdict")
+    if not isinstance(verdict, str) or verdict not in _VERDICTS:
+        raise _unparseable("action value has no known verdict")
+    return request_id, Verdict(verdict)
+
+
+def _reason(action: Mapping[str, Any]) -> str | None:
+    form = action.get("form_value")
+    if not isinstance(form, dict):
+        return None
+    text = form.get(REASON_FIELD)
+    if not isinstance(text, str) or not text.strip():
+        return None
+    return text.strip()[:MAX_REASON_CHARS]
+
+
+def _identity(**facts: object) -> dict[str, str]:
+    return {key: value for key, value in facts.items() if isinstance(value, str) and value}
+
+
+def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
+    """Parse a verified ``card.action.trigger`` (or, with ``legacy``, an old card callback).
+
+    The clicker is identified by ``open_id`` (per app); ``union_id``, ``user_id``,
+    ``tenant_key`` and the delivery's ``event_id`` go into ``identity`` for the
+    audit trail. Raises :class:`CallbackRejected` (400) when the click does not
+    name a request and a verdict.
+    """
+    if legacy:
+        operator: Mapping[str, Any] = payload
+        header: Mapping[str, Any] = {}
+        action = _object(payload.get("action"), "action")
+    else:
+        header = _object(payload.get("header"), "header")
+        event = _object(payload.get("event"), "event")
+        operator = _object(event.get("operator"), "operator")
+        action = _object(event.get("action"), "action")
+
+    open_id = _text(operator.get("open_id"))
+    if open_id is None:
+        raise _unparseable("click without an operator open_id")
+    request_id, verdict = _button_value(action)
+    event_id = _text(header.get("event_id"))
+    return Click(
+        request_id=request_id,
+        verdict=verdict,
+        user_id=open_id,
+        reason=_reason(action),
+        event_id=event_id,
+        identity=_identity(
+            open_id=open_id,
+            union_id=operator.get("union_id"),
+            user_id=operator.get("user_id"),
+            tenant_key=operator.get("tenant_key") or header.get("tenant_key"),
+            event_id=event_id,
+        ),
+    )
