@@ -23,13 +23,15 @@ class ClickService:
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
         kind = self._config.channel_type(channel)
+        person = self._config.person_for(kind, click.user_id) or self._config.person_for(
+            kind, click.identity.get("union_id", "")
+        )
         voter = Voter(
             channel=channel,
             channel_type=kind,
             user_id=click.user_id,
-            name=click.user_name,
-            person=self._config.person_for(kind, click.user_id)
-            or self._config.person_for(kind, click.identity.get("union_id", "")),
+            name=click.user_name or (self._config.display_name(person) if person else None),
+            person=person,
             identity={**click.identity, **({"event_id": click.event_id} if click.event_id else {})},
         )
         async with transaction(self._sessions) as session:
