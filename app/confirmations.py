@@ -9,6 +9,8 @@ in the same transaction. Nothing here commits: the caller owns the transaction.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -405,6 +407,11 @@ def decision_for(req: ConfirmationRequest) -> HookResult:
     return HookResult.deny(f"{text}: {req.reason}" if req.reason else text, request_id=req.id)
 
 
+def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
+    body = json.dumps([tool_name, arguments], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
 class Approvals:
     """The :class:`hooks.ApprovalBroker` the server hands the confirmation gate for one call."""
 
@@ -433,13 +440,23 @@ class Approvals:
             )
         ).one_or_none()
 
+    def _replay(self, found: ConfirmationRequest, digest: str) -> HookResult:
+        if found.call_digest != digest:
+            # Never let an approval for one call stand in for another.
+            return HookResult.deny(
+                f"idempotency key {found.idempotency_key!r} was already used for a different call "
+                f"(request {found.id}); send a new key for a new call"
+            )
+        self.request = found
+        return decision_for(found)
+
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
         assert isinstance(gate, ConfirmationGate)
         session, config = self._session, self._config
         key = self.idempotency_key(ctx)
+        digest = call_digest(ctx.tool_name, ctx.arguments)
         if key is not None and (found := await self._existing(ctx.agent_id, key)) is not None:
-            self.request = found
-            return decision_for(found)
+            return self._replay(found, digest)
 
         now = self._now or utcnow()
         words = (
@@ -456,6 +473,7 @@ class Approvals:
             session_id=ctx.session_id,
             tool_call_id=ctx.tool_call_id,
             idempotency_key=key,
+            call_digest=digest,
             request_metadata=redact(dict(ctx.metadata), words),
             gate={
                 "name": gate.label,
@@ -479,8 +497,7 @@ class Approvals:
             found = await self._existing(ctx.agent_id, key or "")
             if found is None:
                 raise
-            self.request = found
-            return decision_for(found)
+            return self._replay(found, digest)
         await audit.append(
             session,
             "created",

@@ -70,6 +70,9 @@ class ConfirmationRequest(SQLModel, table=True):
     session_id: str | None = Field(default=None, max_length=200)
     tool_call_id: str | None = Field(default=None, max_length=200)
     idempotency_key: str | None = Field(default=None, max_length=500)
+    call_digest: str = Field(default="", max_length=64)
+    """SHA-256 of the tool name and the arguments as sent (before redaction): a replayed
+    idempotency key must carry the same call."""
     request_metadata: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     gate: dict[str, Any] = Field(sa_type=sa.JSON)
     """The gate as it was when the request was made (name, approvers, quorum, …)."""

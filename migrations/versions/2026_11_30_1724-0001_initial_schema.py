@@ -68,6 +68,7 @@ def upgrade() -> None:
         sa.Column("session_id", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("tool_call_id", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("idempotency_key", sqlmodel.sql.sqltypes.AutoString(length=500), nullable=True),
+        sa.Column("call_digest", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
         sa.Column("request_metadata", sa.JSON(), nullable=False),
         sa.Column("gate", sa.JSON(), nullable=False),
         sa.Column("channel", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),

@@ -215,3 +215,21 @@ async def test_bad_input_is_a_clear_4xx_and_changes_nothing(
 async def test_unknown_request_is_404(http: httpx.AsyncClient, agent_key: str) -> None:
     r = await http.get("/v1/requests/does-not-exist", headers=auth(agent_key))
     assert r.status_code == 404
+
+
+async def test_a_reused_key_cannot_carry_a_different_call(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime
+) -> None:
+    body = {"tool_name": "pay_x", "arguments": {"amount": 90000, "api_token": "a"}, "idempotency_key": "k"}
+    rid = (await gate(http, agent_key, **body)).json()["request_id"]
+    async with transaction(runtime.sessions) as s:
+        await decide(s, rid, verdict=Verdict.APPROVE, operator="alice", config=runtime.config)
+    assert (await gate(http, agent_key, **body)).json()["decision"] == "allow"
+    for changed in (
+        {**body, "arguments": {"amount": 9000000, "api_token": "a"}},
+        {**body, "arguments": {"amount": 90000, "api_token": "b"}},  # differs only in a redacted value
+        {**body, "tool_name": "pay_y"},
+    ):
+        r = (await gate(http, agent_key, **changed)).json()
+        assert r["decision"] == "deny", changed
+        assert "different call" in r["reason"]
