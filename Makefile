@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff_test
+MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
 
 .PHONY: install run test lint typecheck migrations-check pytest postgres bench clean
 
@@ -45,8 +46,10 @@ migrations-check: install
 	@rm -f /tmp/signoff-migrations-check.db
 	@SIGNOFF_DATABASE_URL=sqlite:////tmp/signoff-migrations-check.db $(BIN)/alembic upgrade head
 	@SIGNOFF_DATABASE_URL=sqlite:////tmp/signoff-migrations-check.db $(BIN)/alembic check
-	@SIGNOFF_DATABASE_URL=$(SIGNOFF_TEST_POSTGRES_URL) $(BIN)/alembic upgrade head
-	@SIGNOFF_DATABASE_URL=$(SIGNOFF_TEST_POSTGRES_URL) $(BIN)/alembic check
+	@psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS signoff_migrations_check WITH (FORCE)"
+	@psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE signoff_migrations_check"
+	@SIGNOFF_DATABASE_URL=$(MIGRATIONS_PG_URL) $(BIN)/alembic upgrade head
+	@SIGNOFF_DATABASE_URL=$(MIGRATIONS_PG_URL) $(BIN)/alembic check
 
 pytest: install
 	@echo "==> pytest (SQLite and PostgreSQL)"
