@@ -270,7 +270,8 @@ def audit_verify() -> None:
         typer.echo(f"audit chain intact: {count} events")
         return
     typer.echo(
-        f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)"
+        f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)",
+        err=True,
     )
     raise typer.Exit(1)
 

@@ -183,7 +183,8 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         for i, gate in enumerate(cfg.hooks):
             where = f"agents.{agent}.hooks[{i}]"
             if gate.channel not in channels:
-                problems.append(f"{where}.channel: no channel named {gate.channel!r} under channels")
+                if gate.channel not in doc.channels:  # an invalid channel is reported once, above
+                    problems.append(f"{where}.channel: no channel named {gate.channel!r} under channels")
                 continue
             kind = channels[gate.channel].type
             for j, approver in enumerate(gate.approvers):

@@ -103,7 +103,8 @@ class ConfirmationGate(BaseModel):
         if self._program is None:
             return True
         try:
-            return bool(
+            # Only a definite `false` lets the call pass; any other value sends it to a human.
+            return (
                 self._program.execute(
                     {
                         "args": dict(ctx.arguments),
@@ -113,7 +114,7 @@ class ConfirmationGate(BaseModel):
                         "metadata": dict(ctx.metadata),
                     }
                 )
-            )
+            ) is not False
         except Exception:
             # Fail closed: an unevaluable condition sends the call to a human.
             return True

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from hooks._contract import (
     Decision,
@@ -23,10 +24,10 @@ log = logging.getLogger("signoff.hooks")
 DEFAULT_HOOK_TIMEOUT = 5.0
 
 
-async def _guarded(name: str, call: Awaitable[HookResult], timeout: float) -> HookResult:
-    """Await one hook; any failure becomes a deny that names the hook."""
+async def _guarded(name: str, call: Callable[[], Awaitable[HookResult]], timeout: float) -> HookResult:
+    """Run one hook; any failure (raising, even before awaiting; timing out) denies, naming the hook."""
     try:
-        result = await asyncio.wait_for(call, timeout)
+        result = await asyncio.wait_for(call(), timeout)
     except TimeoutError:
         return HookResult.deny(f"hook {name!r} did not answer within {timeout:g}s", side_effects=("failed",))
     except Exception as exc:
@@ -69,7 +70,7 @@ class HookRegistry:
                 return HookResult.deny(f"hook {hook.name!r} failed to match: {type(exc).__name__}")
             if not applies:
                 continue
-            result = await _guarded(hook.name, hook.before_tool_use(ctx), self.timeout)
+            result = await _guarded(hook.name, partial(hook.before_tool_use, ctx), self.timeout)
             effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
             if result.modified_arguments is not None and result.decision is Decision.ALLOW:
                 ctx = ctx.with_arguments(result.modified_arguments)
@@ -99,7 +100,7 @@ class HookRegistry:
                 continue
             if not applies:
                 continue
-            result = await _guarded(hook.name, hook.after_tool_use(ctx), self.timeout)
+            result = await _guarded(hook.name, partial(hook.after_tool_use, ctx), self.timeout)
             effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
             if result.decision is Decision.DENY:
                 return HookResult.deny(
@@ -115,7 +116,7 @@ class HookRegistry:
         parts: list[str] = []
         effects: list[str] = []
         for hook in self.session_start:
-            result = await _guarded(hook.name, hook.on_session_start(ctx), self.timeout)
+            result = await _guarded(hook.name, partial(hook.on_session_start, ctx), self.timeout)
             effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
             if result.decision is Decision.DENY:
                 return HookResult.deny(

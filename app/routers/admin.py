@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, HTTPException, Query, status
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 from sqlmodel import col, select
 
 from app.audit import verify_chain
@@ -133,7 +133,7 @@ async def read_config(runtime: RuntimeDep) -> dict[str, Any]:
     cfg = runtime.config
     return {
         "source": cfg.source,
-        "channels": {n: _masked(dict(c)) for n, c in cfg.channels.items()},  # type: ignore[call-overload]
+        "channels": {n: _masked(cast(BaseModel, c).model_dump()) for n, c in cfg.channels.items()},
         "people": {k: p.model_dump(exclude_none=True) for k, p in cfg.people.items()},
         "agents": {a: c.model_dump(mode="json") for a, c in cfg.agents.items()},
         "redact": sorted(cfg.redact),

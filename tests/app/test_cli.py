@@ -1,0 +1,397 @@
+"""The real ``signoff`` command line against a SQLite file built by the migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.config import parse_config
+from app.db import create_engine, migrate, sessionmaker, transaction
+from app.keys import authenticate
+from app.models import ConfirmationRequest
+from tests.app.factories import make_request
+from tests.conftest import DEFAULT_CONFIG
+
+SIGNOFF = Path(sys.executable).with_name("signoff")
+
+
+class Cli:
+    """Runs ``signoff`` with SIGNOFF_DATABASE_URL and SIGNOFF_CONFIG pointing at this test's files."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.db = tmp_path / "signoff.db"
+        self.url = f"sqlite:///{self.db}"
+        self.config_file = tmp_path / "signoff.yaml"
+        self.config_file.write_text(yaml.safe_dump(DEFAULT_CONFIG, sort_keys=False), encoding="utf-8")
+        self.config = parse_config(DEFAULT_CONFIG, source=str(self.config_file))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+        self.env.update(SIGNOFF_DATABASE_URL=self.url, SIGNOFF_CONFIG=str(self.config_file))
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SIGNOFF), *args], env=self.env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    def ok(self, *args: str) -> str:
+        done = self(*args)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    def run(self, work: Callable[[Any], Any]) -> Any:
+        """Run ``await work(session)`` in one transaction on the same database, in-process."""
+
+        async def go() -> Any:
+            engine = create_engine(self.url)
+            try:
+                async with transaction(sessionmaker(engine)) as session:
+                    return await work(session)
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(go())
+
+    def request(self, tool: str = "pay_invoice", **kw: Any) -> str:
+        """A pending request made the way the pre-tool-use flow makes it."""
+
+        async def work(session: Any) -> str:
+            req = await make_request(session, self.config, tool=tool, **kw)
+            return req.id
+
+        rid: str = self.run(work)
+        return rid
+
+    def row(self, rid: str) -> ConfirmationRequest:
+        async def work(session: Any) -> ConfirmationRequest | None:
+            return await session.get(ConfirmationRequest, rid)
+
+        req = self.run(work)
+        assert req is not None
+        return req
+
+    def agent_for(self, token: str) -> str | None:
+        async def work(session: Any) -> str | None:
+            return await authenticate(session, token)
+
+        agent: str | None = self.run(work)
+        return agent
+
+    def sql(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.db) as conn:
+            rows = conn.execute(statement, params).fetchall()
+        conn.close()
+        return rows
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    c = Cli(tmp_path)
+    migrate(c.url)
+    return c
+
+
+# --- db -------------------------------------------------------------------------------------------
+
+
+def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    assert not cli.db.exists()
+    out = cli.ok("db", "upgrade")
+    assert "head" in out
+    tables = {r[0] for r in cli.sql("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {
+        "confirmation_request",
+        "vote",
+        "audit_event",
+        "audit_head",
+        "delivery",
+        "agent_key",
+        "alembic_version",
+    } <= tables
+    assert cli.sql("SELECT seq, last_hash FROM audit_head") == [(0, "0" * 64)]
+    [(version,)] = cli.sql("SELECT version_num FROM alembic_version")
+    # Running it again is harmless.
+    cli.ok("db", "upgrade")
+    assert cli.sql("SELECT version_num FROM alembic_version") == [(version,)]
+
+
+# --- keys -----------------------------------------------------------------------------------------
+
+
+def test_keys_create_prints_the_key_alone_on_the_last_line(cli: Cli) -> None:
+    out = cli.ok("keys", "create", "finance-bot")
+    lines = out.rstrip("\n").splitlines()
+    key = lines[-1]
+    assert key == key.strip()
+    assert key.startswith("sk_signoff_")
+    assert " " not in key
+    assert all(key not in line for line in lines[:-1])
+    assert cli.agent_for(key) == "finance-bot"
+    assert cli.agent_for(key + "x") is None
+    # Stored hashed: the key itself is nowhere in the database.
+    [(stored,)] = cli.sql("SELECT key_hash FROM agent_key")
+    assert key not in stored
+
+
+def test_each_key_is_new(cli: Cli) -> None:
+    first = cli.ok("keys", "create", "finance-bot").splitlines()[-1]
+    second = cli.ok("keys", "create", "finance-bot").splitlines()[-1]
+    assert first != second
+    assert cli.agent_for(first) == cli.agent_for(second) == "finance-bot"
+
+
+def test_keys_list_never_prints_the_key(cli: Cli) -> None:
+    key = cli.ok("keys", "create", "finance-bot").splitlines()[-1]
+    other = cli.ok("keys", "create", "other-bot").splitlines()[-1]
+    out = cli.ok("keys", "list")
+    assert key not in out
+    assert other not in out
+    ids = {r[0]: r[1] for r in cli.sql("SELECT id, agent_id FROM agent_key")}
+    lines = out.strip().splitlines()
+    assert len(lines) == 2
+    listed = {line.split()[0]: line.split()[1] for line in lines}
+    assert listed == ids
+    assert all(line.endswith("live") for line in lines)
+    for hashed in (r[0] for r in cli.sql("SELECT key_hash FROM agent_key")):
+        assert hashed not in out
+
+
+def test_keys_revoke_by_id(cli: Cli) -> None:
+    first = cli.ok("keys", "create", "finance-bot").splitlines()[-1]
+    second = cli.ok("keys", "create", "finance-bot").splitlines()[-1]
+    first_id = first.removeprefix("sk_signoff_").split("_")[0]
+    assert cli.sql("SELECT agent_id FROM agent_key WHERE id = ?", first_id) == [("finance-bot",)]
+
+    assert cli.ok("keys", "revoke", first_id).strip() == f"revoked {first_id}"
+    assert cli.agent_for(first) is None
+    assert cli.agent_for(second) == "finance-bot"
+    listed = cli.ok("keys", "list")
+    [revoked_line] = [line for line in listed.splitlines() if line.startswith(first_id)]
+    assert "revoked" in revoked_line
+
+    again = cli("keys", "revoke", first_id)
+    assert again.returncode == 1
+    assert "no live key matched" in again.stderr
+    unknown = cli("keys", "revoke", "deadbeef")
+    assert unknown.returncode == 1
+
+
+def test_keys_revoke_by_agent(cli: Cli) -> None:
+    keys = [cli.ok("keys", "create", "finance-bot").splitlines()[-1] for _ in range(2)]
+    other = cli.ok("keys", "create", "other-bot").splitlines()[-1]
+    out = cli.ok("keys", "revoke", "--agent", "finance-bot")
+    assert out.startswith("revoked ")
+    assert len(out.removeprefix("revoked ").split(", ")) == 2
+    assert [cli.agent_for(k) for k in keys] == [None, None]
+    assert cli.agent_for(other) == "other-bot"
+    assert cli("keys", "revoke", "--agent", "finance-bot").returncode == 1
+
+
+def test_keys_revoke_needs_exactly_one_target(cli: Cli) -> None:
+    cli.ok("keys", "create", "finance-bot")
+    neither = cli("keys", "revoke")
+    assert neither.returncode == 2
+    assert "name a key id or --agent" in neither.stderr
+    both = cli("keys", "revoke", "abc", "--agent", "finance-bot")
+    assert both.returncode == 2
+
+
+def test_key_events_are_audited(cli: Cli) -> None:
+    cli.ok("keys", "create", "finance-bot")
+    cli.ok("keys", "revoke", "--agent", "finance-bot")
+    assert [r[0] for r in cli.sql("SELECT action FROM audit_event ORDER BY seq")] == [
+        "key_created",
+        "key_revoked",
+    ]
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+
+def test_requests_list_one_per_line_id_first(cli: Cli) -> None:
+    assert cli.ok("requests", "list") == ""
+    paid = cli.request("pay_invoice")
+    wired = cli.request("wire_money")
+    done = cli.request("pay_refund")
+    cli.ok("requests", "approve", done, "--as", "alice")
+
+    def ids(*args: str) -> list[str]:
+        out = cli.ok("requests", "list", *args)
+        return [line.split()[0] for line in out.strip().splitlines()]
+
+    assert ids() == [done, wired, paid], "newest first"
+    assert ids("--status", "pending") == [wired, paid]
+    assert ids("--status", "approved") == [done]
+    assert ids("--status", "rejected") == []
+    assert ids("--agent", "other-bot") == []
+    assert ids("--limit", "1") == [done]
+    line = cli.ok("requests", "list", "--status", "approved").strip()
+    assert line.split()[:4] == [done, "approved", "finance-bot", "pay_refund"]
+    bad = cli("requests", "list", "--status", "maybe")
+    assert bad.returncode == 2
+
+
+def test_requests_show_prints_json(cli: Cli) -> None:
+    rid = cli.request("pay_invoice", arguments={"amount": 90000, "api_token": "s3cret"}, user_id="carol")
+    shown = json.loads(cli.ok("requests", "show", rid))
+    assert shown["id"] == rid
+    assert shown["status"] == "pending"
+    assert shown["agent_id"] == "finance-bot"
+    assert shown["tool_name"] == "pay_invoice"
+    assert shown["arguments"] == {"amount": 90000, "api_token": "[redacted]"}
+    assert shown["gate"] == "payments"
+    assert shown["user_id"] == "carol"
+    assert shown["votes"] == []
+    assert shown["decided_by"] is None
+
+
+def test_requests_approve_then_again(cli: Cli) -> None:
+    rid = cli.request()
+    done = cli("requests", "approve", rid, "--as", "alice", "--reason", "ok")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Approved by Alice."
+    row = cli.row(rid)
+    assert row.status == "approved"
+    assert (row.decided_by_channel, row.decided_by_user_id, row.decided_by_name) == ("web", "alice", "Alice")
+    assert row.reason == "ok"
+    shown = json.loads(cli.ok("requests", "show", rid))
+    assert shown["status"] == "approved"
+    [vote] = shown["votes"]
+    assert (vote["verdict"], vote["user_id"], vote["reason"]) == ("approve", "alice", "ok")
+
+    again = cli("requests", "approve", rid, "--as", "bob")
+    assert again.returncode == 1
+    assert "already approved by Alice" in again.stderr
+    assert cli.row(rid).decided_by_user_id == "alice"
+    actions = [r[0] for r in cli.sql("SELECT action FROM audit_event WHERE request_id = ? ORDER BY seq", rid)]
+    assert actions == ["created", "vote", "approved", "vote_refused"]
+    [(identity,)] = cli.sql("SELECT detail FROM audit_event WHERE request_id = ? AND action = 'vote'", rid)
+    assert json.loads(identity)["identity"] == {"via": "cli"}
+
+
+def test_requests_reject(cli: Cli) -> None:
+    rid = cli.request()
+    done = cli("requests", "reject", rid, "--as", "bob", "--reason", "not today")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Rejected by Bob."
+    row = cli.row(rid)
+    assert row.status == "rejected"
+    assert row.reason == "not today"
+    again = cli("requests", "reject", rid, "--as", "alice", "--reason", "x")
+    assert again.returncode == 1
+    assert "already rejected by Bob" in again.stderr
+
+
+def test_requests_reject_without_a_required_reason(cli: Cli) -> None:
+    rid = cli.request("wire_money")
+    refused = cli("requests", "reject", rid, "--as", "bob")
+    assert refused.returncode == 1
+    assert "reason is required" in refused.stderr
+    assert cli.row(rid).status == "pending"
+
+
+def test_quorum_two_through_the_cli(cli: Cli) -> None:
+    rid = cli.request("wire_money")
+    first = cli.ok("requests", "approve", rid, "--as", "alice")
+    assert first.strip() == "Approval recorded (1 of 2)."
+    assert cli.row(rid).status == "pending"
+    twice = cli("requests", "approve", rid, "--as", "alice")
+    assert twice.returncode == 1
+    assert "already voted" in twice.stderr
+    cli.ok("requests", "approve", rid, "--as", "bob")
+    assert cli.row(rid).status == "approved"
+
+
+@pytest.mark.parametrize("operator", [None, "mallory", "carol"], ids=["default", "stranger", "not-listed"])
+def test_requests_approve_by_someone_not_an_approver(cli: Cli, operator: str | None) -> None:
+    rid = cli.request()
+    args = ["requests", "approve", rid] + (["--as", operator] if operator else [])
+    refused = cli(*args)
+    assert refused.returncode == 1
+    assert "not an approver" in refused.stderr
+    assert cli.row(rid).status == "pending"
+
+
+def test_the_requester_cannot_approve_through_the_cli(cli: Cli) -> None:
+    rid = cli.request(user_id="alice")
+    refused = cli("requests", "approve", rid, "--as", "alice")
+    assert refused.returncode == 1
+    assert "own behalf" in refused.stderr
+    cli.ok("requests", "approve", rid, "--as", "bob")
+
+
+@pytest.mark.parametrize("command", ["show", "approve", "reject"])
+def test_unknown_request_id(cli: Cli, command: str) -> None:
+    args = ["requests", command, "no-such-request"] + (
+        ["--as", "alice", "--reason", "x"] if command != "show" else []
+    )
+    done = cli(*args)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.strip() == "error: no request no-such-request"
+
+
+def test_decisions_refuse_an_invalid_configuration(cli: Cli) -> None:
+    rid = cli.request()
+    cli.config_file.write_text("agents: {finance-bot: {hooks: [{tools: [x], channel: ghost}]}}\n")
+    done = cli("requests", "approve", rid, "--as", "alice")
+    assert done.returncode == 2
+    assert "no channel named 'ghost'" in done.stderr
+    assert cli.row(rid).status == "pending"
+
+
+# --- audit ----------------------------------------------------------------------------------------
+
+
+def test_audit_verify_intact(cli: Cli) -> None:
+    assert cli.ok("audit", "verify").strip() == "audit chain intact: 0 events"
+    cli.ok("keys", "create", "finance-bot")
+    rid = cli.request()
+    cli.ok("requests", "approve", rid, "--as", "alice")
+    assert cli.ok("audit", "verify").strip() == "audit chain intact: 4 events"
+
+
+def test_audit_verify_names_the_edited_event(cli: Cli) -> None:
+    rid = cli.request()
+    cli.ok("requests", "approve", rid, "--as", "alice", "--reason", "ok")
+    cli.request("wire_money")
+    total = len(cli.sql("SELECT seq FROM audit_event"))
+    [(seq, detail)] = cli.sql("SELECT seq, detail FROM audit_event WHERE action = 'vote'")
+    edited = {**json.loads(detail), "reason": "something else"}
+    cli.sql("UPDATE audit_event SET detail = ? WHERE seq = ?", json.dumps(edited), seq)
+
+    done = cli("audit", "verify")
+    assert done.returncode == 1
+    output = done.stdout + done.stderr
+    assert f"broken at event {seq}:" in output
+    assert "edited" in output
+    assert seq < total, "the broken event is found even with intact events after it"
+
+
+def test_audit_verify_notices_a_deleted_event(cli: Cli) -> None:
+    cli.request()
+    cli.request()
+    [(last,)] = cli.sql("SELECT max(seq) FROM audit_event")
+    cli.sql("DELETE FROM audit_event WHERE seq = ?", last)
+    done = cli("audit", "verify")
+    assert done.returncode == 1
+    assert f"broken at event {last}:" in done.stdout + done.stderr
+
+
+def test_audit_verify_notices_a_missing_middle_event(cli: Cli) -> None:
+    for _ in range(3):
+        cli.request()
+    cli.sql("DELETE FROM audit_event WHERE seq = 2")
+    done = cli("audit", "verify")
+    assert done.returncode == 1
+    assert "broken at event 3:" in done.stdout + done.stderr
+    assert "event 2 is missing" in done.stdout + done.stderr

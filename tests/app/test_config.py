@@ -1,0 +1,487 @@
+"""Loading the YAML configuration: what loads, and every class of error with file and path."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel, ConfigDict, SecretStr
+from typer.testing import CliRunner
+
+from app.channel_types import CHANNEL_TYPES, ChannelType
+from app.cli import app as cli_app
+from app.config import ConfigError, SignoffConfig, load_config, parse_config
+from channels.fake import FakeChannel
+from hooks import HookContext
+from tests.conftest import DEFAULT_CONFIG
+
+SIGNOFF = Path(sys.executable).with_name("signoff")
+
+AGENT = "agents.finance-bot.hooks[0]"
+
+
+class ChatLikeConfig(BaseModel):
+    """A channel type whose config holds a secret, registered under a chosen ``type:`` name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+    token: SecretStr
+
+
+@pytest.fixture
+def slack_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A channel type named ``slack`` (the raw-id rule is keyed on the type's name)."""
+    monkeypatch.setitem(
+        CHANNEL_TYPES, "slack", ChannelType(ChatLikeConfig, lambda name, cfg: FakeChannel(name))
+    )
+
+
+def gate(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": "confirmation_gate",
+        "tools": ["pay_*"],
+        "channel": "chat",
+        "approvers": ["alice", "bob"],
+    }
+    body.update(overrides)
+    return body
+
+
+def doc(*gates: dict[str, Any], **top: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "channels": {"chat": {"type": "fake"}},
+        "people": {"alice": {"fake": "U_ALICE"}, "bob": {"fake": "U_BOB"}},
+        "agents": {"finance-bot": {"hooks": list(gates) or [gate()]}},
+    }
+    body.update(top)
+    return body
+
+
+def write(tmp_path: Path, body: Any, name: str = "signoff.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(
+        body if isinstance(body, str) else yaml.safe_dump(body, sort_keys=False), encoding="utf-8"
+    )
+    return path
+
+
+def problems_of(tmp_path: Path, body: Any) -> tuple[Path, list[str]]:
+    path = write(tmp_path, body)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == "\n".join(info.value.problems)
+    return path, info.value.problems
+
+
+def assert_one_problem(tmp_path: Path, body: Any, where: str, *fragments: str) -> str:
+    """Exactly one problem, written ``<file>: <where>: …`` and containing ``fragments``."""
+    path, problems = problems_of(tmp_path, body)
+    assert len(problems) == 1, problems
+    problem = problems[0]
+    assert problem.startswith(f"{path}: {where}: "), problem
+    for fragment in fragments:
+        assert fragment in problem, problem
+    return problem
+
+
+# --- what loads ---------------------------------------------------------------------------------
+
+
+def test_a_valid_file_loads(tmp_path: Path) -> None:
+    body = copy.deepcopy(DEFAULT_CONFIG)
+    body["agents"]["finance-bot"]["redact"] = ["iban"]
+    body["redact"] = ["Password", "token"]
+    path = write(tmp_path, body)
+
+    cfg = load_config(path)
+
+    assert isinstance(cfg, SignoffConfig)
+    assert cfg.source == str(path)
+    assert set(cfg.channels) == {"web", "chat"}, "the built-in web channel is always there"
+    assert cfg.channel_type("chat") == "fake"
+    assert cfg.channel_type("web") == "web"
+    assert set(cfg.people) == {"alice", "bob", "carol"}
+    assert cfg.people["alice"].ids() == {"web": "alice", "fake": "U_ALICE"}
+    assert cfg.display_name("alice") == "Alice"
+    assert cfg.person_for("fake", "U_BOB") == "bob"
+    assert cfg.recognise("U_CAROL") == "carol"
+    assert cfg.redact == frozenset({"password", "token"}), "redact words are lower-cased"
+
+    payments, two_person, short = cfg.agents["finance-bot"].hooks
+    assert cfg.agents["finance-bot"].redact == ("iban",)
+    assert payments.label == "payments"
+    assert payments.tools == ("pay_*",)
+    assert payments.approvers == ("alice", "bob")
+    assert payments.timeout == timedelta(minutes=30)
+    assert two_person.quorum == 2
+    assert two_person.require_reject_reason is True
+    assert short.timeout == timedelta(seconds=1)
+    assert short.allow_self_approval is False, "self-approval is off by default"
+    # The `when` condition was compiled and works.
+    assert payments.matches(
+        HookContext(agent_id="finance-bot", tool_name="pay_x", arguments={"amount": 60000})
+    )
+    assert not payments.matches(
+        HookContext(agent_id="finance-bot", tool_name="pay_x", arguments={"amount": 5})
+    )
+    assert cfg.agents["other-bot"].hooks == ()
+
+
+def test_no_file_and_an_empty_file_mean_only_the_web_channel(tmp_path: Path) -> None:
+    for cfg in (load_config(None), load_config(write(tmp_path, ""))):
+        assert set(cfg.channels) == {"web"}
+        assert dict(cfg.agents) == {}
+        assert dict(cfg.people) == {}
+
+
+# --- every class of error, with file and path ----------------------------------------------------
+
+
+def test_unknown_channel_type(tmp_path: Path) -> None:
+    body = doc()
+    body["channels"]["pager"] = {"type": "carrier-pigeon"}
+    assert_one_problem(
+        tmp_path, body, "channels.pager.type", "unknown channel type 'carrier-pigeon'", "fake", "web"
+    )
+
+
+def test_channel_without_a_type(tmp_path: Path) -> None:
+    body = doc()
+    body["channels"]["pager"] = {"url": "x"}
+    assert_one_problem(tmp_path, body, "channels.pager.type", "unknown channel type None")
+
+
+def test_unknown_field_in_a_channel(tmp_path: Path) -> None:
+    body = doc()
+    body["channels"]["chat"]["colour"] = "blue"
+    path, problems = problems_of(tmp_path, body)
+    assert problems[0] == f"{path}: channels.chat.colour: Extra inputs are not permitted"
+
+
+def test_an_invalid_channel_is_not_also_reported_as_missing(tmp_path: Path) -> None:
+    """The gate's channel exists but is invalid: report the channel, not "no channel named"."""
+    body = doc()
+    body["channels"]["chat"]["colour"] = "blue"
+    assert_one_problem(tmp_path, body, "channels.chat.colour", "Extra inputs are not permitted")
+
+
+def test_gate_naming_an_unknown_channel(tmp_path: Path) -> None:
+    assert_one_problem(tmp_path, doc(gate(channel="ghost")), f"{AGENT}.channel", "no channel named 'ghost'")
+
+
+def test_gate_may_use_the_builtin_web_channel(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, doc(gate(channel="web"))))
+    assert cfg.agents["finance-bot"].hooks[0].channel == "web"
+
+
+@pytest.mark.parametrize("when", ["args.amount >=", "args.amount >= 'x", "args[", "&& true"])
+def test_bad_cel_in_when(tmp_path: Path, when: str) -> None:
+    assert_one_problem(tmp_path, doc(gate(when=when)), f"{AGENT}.when", "invalid CEL condition")
+
+
+def test_second_hook_of_an_agent_is_named_by_index(tmp_path: Path) -> None:
+    body = doc(gate(), gate(tools=["wire_*"], when="args.x >"))
+    assert_one_problem(tmp_path, body, "agents.finance-bot.hooks[1].when", "invalid CEL")
+
+
+def test_quorum_larger_than_the_approvers(tmp_path: Path) -> None:
+    assert_one_problem(tmp_path, doc(gate(quorum=3)), AGENT, "quorum 3", "2 approver")
+
+
+def test_quorum_with_no_approvers_listed_is_allowed(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, doc(gate(approvers=[], quorum=2))))
+    assert cfg.agents["finance-bot"].hooks[0].quorum == 2
+
+
+@pytest.mark.parametrize("quorum", [0, -1])
+def test_quorum_below_one(tmp_path: Path, quorum: int) -> None:
+    assert_one_problem(tmp_path, doc(gate(quorum=quorum)), f"{AGENT}.quorum", "greater than or equal to 1")
+
+
+def test_gate_without_tools(tmp_path: Path) -> None:
+    assert_one_problem(tmp_path, doc(gate(tools=[])), f"{AGENT}.tools", "at least 1")
+
+
+def test_unknown_hook_type(tmp_path: Path) -> None:
+    assert_one_problem(tmp_path, doc(gate(type="rate_limit")), f"{AGENT}.type", "confirmation_gate")
+
+
+def test_unknown_field_in_a_gate(tmp_path: Path) -> None:
+    assert_one_problem(tmp_path, doc(gate(approver=["alice"])), f"{AGENT}.approver", "Extra inputs")
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    assert_one_problem(tmp_path, doc(chanels={}), "chanels", "Extra inputs are not permitted")
+
+
+def test_top_level_that_is_not_a_mapping(tmp_path: Path) -> None:
+    path, problems = problems_of(tmp_path, "- a\n- b\n")
+    assert problems == [f"{path}: (top level): expected a mapping with channels, people and agents"]
+
+
+@pytest.mark.parametrize("timeout", ["soon", "1w", "1.5h", "", "0", "-5m"])
+def test_bad_timeout(tmp_path: Path, timeout: str) -> None:
+    assert_one_problem(tmp_path, doc(gate(timeout=timeout)), f"{AGENT}.timeout")
+
+
+def test_bad_timeout_says_what_to_write(tmp_path: Path) -> None:
+    assert_one_problem(
+        tmp_path, doc(gate(timeout="soon")), f"{AGENT}.timeout", "'soon' is not a duration", "30m"
+    )
+
+
+@pytest.mark.parametrize(
+    ("timeout", "expected"), [("45s", 45), ("2h", 7200), ("1d", 86400), (90, 90), ("90", 90)]
+)
+def test_timeouts_that_load(tmp_path: Path, timeout: Any, expected: int) -> None:
+    cfg = load_config(write(tmp_path, doc(gate(timeout=timeout))))
+    assert cfg.agents["finance-bot"].hooks[0].timeout == timedelta(seconds=expected)
+
+
+def test_several_problems_are_reported_together(tmp_path: Path) -> None:
+    body = doc(gate(quorum=0, timeout="soon"), gate(tools=["x"], when="(("))
+    body["surprise"] = 1
+    path, problems = problems_of(tmp_path, body)
+    wheres = sorted(p.removeprefix(f"{path}: ").split(": ")[0] for p in problems)
+    assert wheres == [f"{AGENT}.quorum", f"{AGENT}.timeout", "agents.finance-bot.hooks[1].when", "surprise"]
+
+
+def test_several_channel_and_gate_problems_are_reported_together(tmp_path: Path) -> None:
+    body = doc(gate(channel="ghost"), gate(channel="pager"))
+    body["channels"]["pager"] = {"type": "nope"}
+    path, problems = problems_of(tmp_path, body)
+    known = ", ".join(sorted(CHANNEL_TYPES))
+    assert f"{path}: channels.pager.type: unknown channel type 'nope' (known: {known})" in problems
+    assert f"{path}: {AGENT}.channel: no channel named 'ghost' under channels" in problems
+    assert all(p.startswith(f"{path}: ") for p in problems)
+
+
+# --- approvers on a channel type with raw user ids (slack) ---------------------------------------
+
+
+def slack_doc(approvers: list[str], people: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "channels": {"ops": {"type": "slack", "token": "xoxb-1"}},
+        "people": people if people is not None else {"alice": {"slack": "U0ALICE"}},
+        "agents": {"finance-bot": {"hooks": [gate(channel="ops", approvers=approvers, quorum=1)]}},
+    }
+
+
+@pytest.mark.usefixtures("slack_type")
+def test_slack_approvers_may_be_people_or_raw_user_ids(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, slack_doc(["alice", "U0BOB123", "W0ENTERPRISE"])))
+    assert cfg.agents["finance-bot"].hooks[0].approvers == ("alice", "U0BOB123", "W0ENTERPRISE")
+
+
+@pytest.mark.usefixtures("slack_type")
+@pytest.mark.parametrize("approver", ["mallory", "u0lower", "U0", "C0CHANNEL"])
+def test_slack_approver_neither_a_person_nor_a_user_id(tmp_path: Path, approver: str) -> None:
+    assert_one_problem(
+        tmp_path,
+        slack_doc(["alice", approver]),
+        f"{AGENT}.approvers[1]",
+        f"{approver!r} is neither in people nor a slack user id",
+    )
+
+
+@pytest.mark.usefixtures("slack_type")
+def test_slack_approver_from_people_without_a_slack_id(tmp_path: Path) -> None:
+    people = {"alice": {"slack": "U0ALICE"}, "bob": {"feishu": "ou_bob"}}
+    assert_one_problem(
+        tmp_path,
+        slack_doc(["alice", "bob"], people),
+        f"{AGENT}.approvers[1]",
+        "'bob' has no slack id",
+        "people.bob",
+    )
+
+
+def feishu_doc(approvers: list[str]) -> dict[str, Any]:
+    return {
+        "channels": {
+            "finance": {
+                "type": "feishu",
+                "app_id": "cli_x",
+                "app_secret": "${SIGNOFF_TEST_FEISHU_SECRET}",
+                "verification_token": "vt",
+                "chat_id": "oc_x",
+            }
+        },
+        "people": {"alice": {"feishu": "ou_alice1"}, "bob": {"slack": "U0BOB"}},
+        "agents": {"finance-bot": {"hooks": [gate(channel="finance", approvers=approvers, quorum=1)]}},
+    }
+
+
+@pytest.fixture
+def feishu_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIGNOFF_TEST_FEISHU_SECRET", "feishu-app-secret")
+
+
+@pytest.mark.usefixtures("feishu_secret")
+def test_feishu_approvers_may_be_people_or_open_ids(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, feishu_doc(["alice", "ou_abc123", "on_def456"])))
+    assert cfg.channel_type("finance") == "feishu"
+    secret = cfg.channels["finance"].app_secret  # type: ignore[attr-defined]
+    assert secret.get_secret_value() == "feishu-app-secret"
+    assert cfg.agents["finance-bot"].hooks[0].approvers == ("alice", "ou_abc123", "on_def456")
+
+
+@pytest.mark.usefixtures("feishu_secret")
+def test_feishu_approver_problems(tmp_path: Path) -> None:
+    path, problems = problems_of(tmp_path, feishu_doc(["alice", "bob", "mallory", "U0SLACKID"]))
+    assert problems == [
+        f"{path}: {AGENT}.approvers[1]: 'bob' has no feishu id in people; "
+        "add `feishu: <user id>` to people.bob",
+        f"{path}: {AGENT}.approvers[2]: 'mallory' is neither in people nor a feishu user id",
+        f"{path}: {AGENT}.approvers[3]: 'U0SLACKID' is neither in people nor a feishu user id",
+    ]
+
+
+def test_any_approver_name_is_accepted_on_channels_without_raw_ids(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, doc(gate(approvers=["alice", "someone-else"]))))
+    assert cfg.agents["finance-bot"].hooks[0].approvers == ("alice", "someone-else")
+
+
+# --- ${ENV_VAR} ----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("slack_type")
+def test_env_vars_are_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIGNOFF_TEST_BOT_TOKEN", "xoxb-from-env")
+    monkeypatch.setenv("SIGNOFF_TEST_ALICE", "U0ALICE")
+    monkeypatch.setenv("SIGNOFF_TEST_ZONE", "eu")
+    body = slack_doc(["alice"], {"alice": {"slack": "${SIGNOFF_TEST_ALICE}"}})
+    body["channels"]["ops"]["token"] = "${SIGNOFF_TEST_BOT_TOKEN}"
+    body["agents"]["finance-bot"]["hooks"][0]["tools"] = ["pay_${SIGNOFF_TEST_ZONE}_*"]
+
+    cfg = load_config(write(tmp_path, body))
+
+    token = cfg.channels["ops"].token  # type: ignore[attr-defined]
+    assert isinstance(token, SecretStr)
+    assert token.get_secret_value() == "xoxb-from-env"
+    assert cfg.people["alice"].ids() == {"slack": "U0ALICE"}
+    assert cfg.agents["finance-bot"].hooks[0].tools == ("pay_eu_*",)
+
+
+def test_unset_env_var_names_the_path_and_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SIGNOFF_TEST_UNSET", raising=False)
+    body = doc()
+    body["people"]["alice"]["fake"] = "${SIGNOFF_TEST_UNSET}"
+    assert_one_problem(
+        tmp_path, body, "people.alice.fake", "environment variable SIGNOFF_TEST_UNSET is not set"
+    )
+
+
+def test_unset_env_var_inside_a_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIGNOFF_TEST_UNSET", raising=False)
+    assert_one_problem(
+        tmp_path,
+        doc(gate(tools=["pay_*", "x_${SIGNOFF_TEST_UNSET}"])),
+        f"{AGENT}.tools[1]",
+        "SIGNOFF_TEST_UNSET",
+    )
+
+
+def test_env_var_set_to_empty_is_expanded_not_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SIGNOFF_TEST_EMPTY", "")
+    body = doc()
+    body["people"]["alice"]["email"] = "a${SIGNOFF_TEST_EMPTY}@example.com"
+    assert load_config(write(tmp_path, body)).people["alice"].email == "a@example.com"
+
+
+# --- the file itself ------------------------------------------------------------------------------
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    text = "channels:\n  chat:\n    type: fake\npeople: [alice\nagents: {}\n"
+    path, problems = problems_of(tmp_path, text)
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{path}: line ")
+    assert "not valid YAML" in problems[0]
+    line = int(problems[0].removeprefix(f"{path}: line ").split(",")[0])
+    assert line in (4, 5), problems[0]
+
+
+def test_tab_indentation_names_the_line(tmp_path: Path) -> None:
+    path, problems = problems_of(tmp_path, "channels:\n  chat:\n\ttype: fake\n")
+    assert problems[0].startswith(f"{path}: line 3, column 1: not valid YAML"), problems
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: cannot read the file: No such file or directory"]
+
+
+def test_a_directory_is_not_readable_as_a_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith(f"{tmp_path}: cannot read the file: ")
+
+
+def test_parse_config_uses_the_given_source_name() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc(gate(quorum=0)), source="inline.yaml")
+    assert info.value.problems[0].startswith(f"inline.yaml: {AGENT}.quorum: ")
+
+
+# --- `signoff config check FILE` ------------------------------------------------------------------
+
+
+def test_config_check_ok(tmp_path: Path) -> None:
+    path = write(tmp_path, DEFAULT_CONFIG)
+    result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"{path}: ok (2 channels, 3 people, 2 agents, 3 gates)"
+    assert result.stderr == ""
+
+
+def test_config_check_lists_every_problem_on_stderr(tmp_path: Path) -> None:
+    body = doc(gate(quorum=0), gate(timeout="soon"))
+    body["bogus"] = True
+    path = write(tmp_path, body)
+    result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3
+    assert f"{path}: {AGENT}.quorum: Input should be greater than or equal to 1" in lines
+    assert any(line.startswith(f"{path}: agents.finance-bot.hooks[1].timeout: 'soon'") for line in lines)
+    assert f"{path}: bogus: Extra inputs are not permitted" in lines
+
+
+def test_config_check_real_command(tmp_path: Path) -> None:
+    good = write(tmp_path, DEFAULT_CONFIG, "good.yaml")
+    bad = write(tmp_path, doc(gate(channel="ghost")), "bad.yaml")
+    ok = subprocess.run(
+        [str(SIGNOFF), "config", "check", str(good)], capture_output=True, text=True, check=False
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"{good}: ok")
+    failed = subprocess.run(
+        [str(SIGNOFF), "config", "check", str(bad)], capture_output=True, text=True, check=False
+    )
+    assert failed.returncode == 1
+    assert failed.stdout == ""
+    assert failed.stderr.strip() == f"{bad}: {AGENT}.channel: no channel named 'ghost' under channels"
+    missing = subprocess.run(
+        [str(SIGNOFF), "config", "check", str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 1
+    assert "cannot read the file" in missing.stderr
