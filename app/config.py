@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from app.channel_types import CHANNEL_TYPES, ChannelConfig
 from hooks.confirmation_gate import ConfirmationGate
 
-__all__ = ["AgentConfig", "ConfigError", "Person", "SignoffConfig", "load_config", "parse_config"]
+__all__ = ["AgentConfig", "ConfigError", "Operator", "Person", "SignoffConfig", "load_config", "parse_config"]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_REDACT = ("password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "cookie")
@@ -60,11 +60,23 @@ class AgentConfig(BaseModel):
     redact: tuple[str, ...] = ()
 
 
+class Operator(BaseModel):
+    """Someone who may sign in to the console; decisions there are recorded under ``person``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    password_hash: SecretStr
+    """Made by ``signoff operators hash-password``."""
+    person: str | None = None
+    """Their key in ``people`` (defaults to the operator's own name)."""
+
+
 class _File(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     channels: dict[str, dict[str, Any]] = {}
     people: dict[str, Person] = {}
+    operators: dict[str, Operator] = {}
     agents: dict[str, AgentConfig] = {}
     redact: tuple[str, ...] = DEFAULT_REDACT
     version: Literal[1] = 1
@@ -79,6 +91,7 @@ class SignoffConfig:
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
     redact: frozenset[str] = frozenset(DEFAULT_REDACT)
     source: str = "<default>"
+    operators: Mapping[str, Operator] = field(default_factory=dict)
 
     def channel_type(self, channel: str) -> str:
         return self.channels[channel].type
@@ -205,7 +218,12 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         raise ConfigError([f"{source}: {p}" for p in problems])
     redact = frozenset(k.lower() for k in doc.redact)
     return SignoffConfig(
-        channels=channels, people=doc.people, agents=doc.agents, redact=redact, source=source
+        channels=channels,
+        people=doc.people,
+        agents=doc.agents,
+        redact=redact,
+        source=source,
+        operators=doc.operators,
     )
 
 
