@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from channels import Channel, fake, feishu, web
+from channels import Channel, fake, feishu, slack, web
 
 __all__ = ["CHANNEL_TYPES", "ChannelConfig", "ChannelType", "build_channel"]
 
@@ -28,6 +28,7 @@ CHANNEL_TYPES: dict[str, ChannelType] = {
     "web": ChannelType(web.WebConfig, web.create),
     "fake": ChannelType(fake.FakeConfig, fake.create),
     "feishu": ChannelType(feishu.FeishuConfig, feishu.create),
+    "slack": ChannelType(slack.SlackConfig, slack.create),
 }
 
 

@@ -30,12 +30,16 @@ keys_app = typer.Typer(help="Agent API keys.", no_args_is_help=True)
 requests_app = typer.Typer(help="Confirmation requests.", no_args_is_help=True)
 audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
 hook_app = typer.Typer(help="Agent runtime hooks.", no_args_is_help=True)
+readonly_app = typer.Typer(
+    help="The read-only switch that `readonly_guard` hooks watch.", no_args_is_help=True
+)
 for sub, name in [
     (db_app, "db"),
     (config_app, "config"),
     (keys_app, "keys"),
     (requests_app, "requests"),
     (audit_app, "audit"),
+    (readonly_app, "readonly"),
     (hook_app, "hook"),
 ]:
     app.add_typer(sub, name=name)
@@ -274,6 +278,52 @@ def audit_verify() -> None:
         err=True,
     )
     raise typer.Exit(1)
+
+
+SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]
+
+
+def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) -> None:
+    from app.hook_services import set_switch
+
+    async def work(session: AsyncSession, settings: Settings) -> None:
+        await set_switch(
+            session, switch, on=on, actor=Actor("cli", as_, as_ or "command line"), reason=reason
+        )
+
+    _with_session(work)
+    typer.echo(f"{switch} is {'on' if on else 'off'}")
+
+
+@readonly_app.command("on")
+def readonly_on(
+    switch: SwitchName = "read_only",
+    as_: Annotated[str | None, typer.Option("--as", help="Operator name.")] = None,
+    reason: Annotated[str | None, typer.Option(help="Why (audited).")] = None,
+) -> None:
+    """Block the tools that `readonly_guard` hooks cover."""
+    _set_readonly(True, switch, as_, reason)
+
+
+@readonly_app.command("off")
+def readonly_off(
+    switch: SwitchName = "read_only",
+    as_: Annotated[str | None, typer.Option("--as", help="Operator name.")] = None,
+    reason: Annotated[str | None, typer.Option(help="Why (audited).")] = None,
+) -> None:
+    """Let them through again."""
+    _set_readonly(False, switch, as_, reason)
+
+
+@readonly_app.command("status")
+def readonly_status(switch: SwitchName = "read_only") -> None:
+    """Print whether the switch is on."""
+    from app.hook_services import is_switch_on
+
+    async def work(session: AsyncSession, settings: Settings) -> bool:
+        return await is_switch_on(session, switch)
+
+    typer.echo(f"{switch} is {'on' if _with_session(work) else 'off'}")
 
 
 def main() -> None:

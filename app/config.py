@@ -12,13 +12,29 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from app.channel_types import CHANNEL_TYPES, ChannelConfig
+from hooks.audit_log import AuditLog
 from hooks.confirmation_gate import ConfirmationGate
+from hooks.context_inject import ContextInject
+from hooks.rate_limit import RateLimit
+from hooks.readonly_guard import ReadOnlyGuard
+from hooks.result_truncate import ResultTruncate
+
+HookConfig = ConfirmationGate | ReadOnlyGuard | RateLimit | ResultTruncate | AuditLog | ContextInject
+"""Every hook type an agent's ``hooks`` list may hold, told apart by ``type``."""
+HOOK_TYPES = (
+    "confirmation_gate",
+    "readonly_guard",
+    "rate_limit",
+    "result_truncate",
+    "audit_log",
+    "context_inject",
+)
 
 __all__ = ["AgentConfig", "ConfigError", "Operator", "Person", "SignoffConfig", "load_config", "parse_config"]
 
@@ -56,7 +72,7 @@ class Person(BaseModel):
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    hooks: tuple[ConfirmationGate, ...] = ()
+    hooks: tuple[Annotated[HookConfig, Field(discriminator="type")], ...] = ()
     redact: tuple[str, ...] = ()
 
 
@@ -147,7 +163,13 @@ def _expand_env(node: Any, path: str, problems: list[str]) -> Any:
 
 def _loc(loc: Iterable[int | str]) -> str:
     out = ""
+    previous: int | str = ""
     for part in loc:
+        # A hook's type appears in the location after its index; the path is clearer without it.
+        skip = isinstance(previous, int) and part in HOOK_TYPES
+        previous = part
+        if skip:
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -161,6 +183,14 @@ def _errors(exc: ValidationError, prefix: str) -> list[str]:
         where = _loc(err["loc"])
         where = f"{prefix}.{where}" if prefix and where else prefix or where
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            known = ", ".join(HOOK_TYPES)
+            given = (
+                f"unknown hook type {err['input'].get('type')!r}"
+                if err["type"] == "union_tag_invalid"
+                else ""
+            )
+            msg = f"{given or 'a hook needs a `type`'}; one of {known}"
         problems.append(f"{where or '(top level)'}: {msg}")
     return problems
 
@@ -194,6 +224,8 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
 
     for agent, cfg in doc.agents.items():
         for i, gate in enumerate(cfg.hooks):
+            if not isinstance(gate, ConfirmationGate):
+                continue
             where = f"agents.{agent}.hooks[{i}]"
             if gate.channel not in channels:
                 if gate.channel not in doc.channels:  # an invalid channel is reported once, above

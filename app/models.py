@@ -161,6 +161,28 @@ class Delivery(SQLModel, table=True):
     sent_at: datetime | None = _ts(default=None, nullable=True)
 
 
+class Switch(SQLModel, table=True):
+    """An operator switch, such as ``read_only`` for the ``readonly_guard`` hook."""
+
+    __tablename__ = "switch"
+
+    name: str = Field(primary_key=True, max_length=100)
+    on: bool = False
+    updated_at: datetime = _ts(default_factory=utcnow)
+    updated_by: str | None = Field(default=None, max_length=200)
+    reason: str | None = None
+
+
+class RateBucket(SQLModel, table=True):
+    """A ``rate_limit`` token bucket, shared by every replica."""
+
+    __tablename__ = "rate_bucket"
+
+    key: str = Field(primary_key=True, max_length=500)
+    tokens: float
+    updated_at: datetime = _ts(default_factory=utcnow)
+
+
 class AgentKey(SQLModel, table=True):
     """An agent's API key, stored as a SHA-256 hash (keys are 256-bit random)."""
 

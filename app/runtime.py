@@ -21,7 +21,7 @@ from app.models import ConfirmationRequest
 from app.settings import Settings
 from app.waiters import Hub
 from channels import Channel
-from hooks import HookRegistry
+from hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
 
 __all__ = ["Runtime"]
 
@@ -86,7 +86,12 @@ class Runtime:
         built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
         built.update(channels or {})
         registries = {
-            agent: HookRegistry(pre_tool_use=list(cfg.hooks)) for agent, cfg in config.agents.items()
+            agent: HookRegistry(
+                pre_tool_use=[h for h in cfg.hooks if isinstance(h, PreToolUseHook)],
+                post_tool_use=[h for h in cfg.hooks if isinstance(h, PostToolUseHook)],
+                session_start=[h for h in cfg.hooks if isinstance(h, SessionStartHook)],
+            )
+            for agent, cfg in config.agents.items()
         }
         return cls(settings, config, engine, sessions, hub, reads, built, registries)
 

@@ -23,6 +23,57 @@ class PreToolUseIn(BaseModel):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=500)
 
 
+class PostToolUseIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tool_name: str = Field(min_length=1, max_length=500)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: Any = None
+    error: str | None = Field(default=None, max_length=10_000)
+    session_id: str | None = Field(default=None, max_length=200)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+    user_id: str | None = Field(default=None, max_length=200)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class PostToolUseOut(BaseModel):
+    decision: Literal["allow", "deny"]
+    reason: str | None = None
+    modified: bool = False
+    """True when a hook rewrote the result; ``result`` is then what the model should see."""
+    result: Any = None
+
+
+class SessionStartIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    session_id: str | None = Field(default=None, max_length=200)
+    user_id: str | None = Field(default=None, max_length=200)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionStartOut(BaseModel):
+    decision: Literal["allow", "deny"]
+    reason: str | None = None
+    additional_context: str | None = None
+
+
+class SwitchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    on: bool
+    operator: str = Field(min_length=1, max_length=200)
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class SwitchOut(BaseModel):
+    name: str
+    on: bool
+    updated_at: datetime
+    updated_by: str | None
+    reason: str | None
+
+
 class Decider(BaseModel):
     channel: str
     user_id: str | None

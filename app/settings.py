@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     outbox_poll_seconds: float = 1.0
     cross_process_poll_seconds: float = 1.0
     """How often a waiter re-reads its request, to learn of decisions made by another process."""
+    session_secret: SecretStr | None = None
+    """Signs the console's session cookies; unset: a random key per process (sign-ins end on restart)."""
+    session_max_age_seconds: float = Field(default=12 * 3600, gt=0)
+    """How long a console sign-in lasts."""
 
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:
@@ -39,6 +43,16 @@ class Settings(BaseSettings):
         if token is not None and token.strip().lower() in _PLACEHOLDERS and self.environment != "development":
             raise ValueError(
                 "SIGNOFF_ADMIN_TOKEN is a placeholder; set a long random value "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_weak_session_secret(self) -> Settings:
+        secret = self.session_secret.get_secret_value() if self.session_secret else None
+        if secret is not None and len(secret.strip()) < 16 and self.environment != "development":
+            raise ValueError(
+                "SIGNOFF_SESSION_SECRET is too short; set a long random value "
                 "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
         return self

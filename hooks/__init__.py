@@ -1,11 +1,11 @@
 """Signoff hooks: the hook contract, the built-in hooks, and the registry that runs them."""
 
 from hooks._contract import (
-    ApprovalBroker,
     Decision,
     HookContext,
     HookPoint,
     HookResult,
+    HookServices,
     PostToolUseHook,
     PreToolUseHook,
     SessionStartHook,
@@ -13,12 +13,12 @@ from hooks._contract import (
 from hooks.registry import HookRegistry
 
 __all__ = [
-    "ApprovalBroker",
     "Decision",
     "HookContext",
     "HookPoint",
     "HookRegistry",
     "HookResult",
+    "HookServices",
     "PostToolUseHook",
     "PreToolUseHook",
     "SessionStartHook",

@@ -14,11 +14,11 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
-    "ApprovalBroker",
     "Decision",
     "HookContext",
     "HookPoint",
     "HookResult",
+    "HookServices",
     "PostToolUseHook",
     "PreToolUseHook",
     "SessionStartHook",
@@ -52,8 +52,8 @@ class HookContext:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     result: Any = None
     """The tool's result (PostToolUse only)."""
-    approvals: ApprovalBroker | None = field(default=None, compare=False, repr=False)
-    """The server's approval service for this call (PreToolUse on the server only)."""
+    services: HookServices | None = field(default=None, compare=False, repr=False)
+    """What the server offers hooks for this call (approvals, switches, rate limits, audit)."""
 
     def with_arguments(self, arguments: Mapping[str, Any]) -> HookContext:
         return replace(self, arguments=arguments)
@@ -132,9 +132,21 @@ class SessionStartHook(Protocol):
     async def on_session_start(self, ctx: HookContext) -> HookResult: ...
 
 
-class ApprovalBroker(Protocol):
-    """The server side of the confirmation gate: turns a call into a pending request."""
+class HookServices(Protocol):
+    """The server side of the built-in hooks, bound to the call's transaction."""
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
-        """Create (or find, by idempotency key) the request; return its decision."""
+        """Create (or find, by idempotency key) a confirmation request; return its decision."""
+        ...
+
+    async def is_switch_on(self, name: str) -> bool:
+        """Whether an operator switch (such as ``read_only``) is on."""
+        ...
+
+    async def take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
+        """Take one token from a shared bucket: 0 if taken, else seconds until one is free."""
+        ...
+
+    async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
+        """Append an event to the audit log."""
         ...

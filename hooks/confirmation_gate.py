@@ -10,15 +10,15 @@ decides rather than the call slipping through.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import cel
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hooks._contract import HookContext, HookResult
+from hooks._filter import ToolFilter
 
 __all__ = ["ConfirmationGate", "parse_duration"]
 
@@ -42,13 +42,10 @@ def parse_duration(value: str | int | float | timedelta) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-class ConfirmationGate(BaseModel):
+class ConfirmationGate(ToolFilter):
     """``type: confirmation_gate`` in an agent's ``hooks`` list."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    type: str = Field(default="confirmation_gate", pattern="^confirmation_gate$")
-    name: str = ""
+    type: Literal["confirmation_gate"] = "confirmation_gate"
     tools: tuple[str, ...] = Field(min_length=1)
     """Tool name globs (``pay_*``, ``mcp__github__*``); ``*`` matches every tool."""
     when: str | None = None
@@ -63,7 +60,6 @@ class ConfirmationGate(BaseModel):
     priority: int = 100
 
     _program: Any = PrivateAttr(default=None)
-    _patterns: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -90,15 +86,11 @@ class ConfirmationGate(BaseModel):
         return self
 
     def model_post_init(self, __context: Any) -> None:
-        self._patterns = tuple(re.compile(fnmatch.translate(t)) for t in self.tools)
+        super().model_post_init(__context)
         self._program = cel.compile(self.when) if self.when else None
 
-    @property
-    def label(self) -> str:
-        return self.name or f"confirmation_gate[{','.join(self.tools)}]"
-
     def matches(self, ctx: HookContext) -> bool:
-        if not any(p.match(ctx.tool_name) for p in self._patterns):
+        if not self.matches_tool(ctx.tool_name):
             return False
         if self._program is None:
             return True
@@ -120,8 +112,8 @@ class ConfirmationGate(BaseModel):
             return True
 
     async def before_tool_use(self, ctx: HookContext) -> HookResult:
-        if ctx.approvals is None:
+        if ctx.services is None:
             return HookResult.deny(
                 f"{self.label} needs a human decision but no approval service is available"
             )
-        return await ctx.approvals.request_approval(ctx, self)
+        return await ctx.services.request_approval(ctx, self)

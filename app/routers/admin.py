@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, status
-from pydantic import BaseModel, SecretStr
+from fastapi import APIRouter, HTTPException, Path, Query, status
 from sqlmodel import col, select
 
-from app.audit import verify_chain
-from app.confirmations import get_request, votes_for
+from app import queries
+from app.audit import Actor
+from app.confirmations import votes_for
 from app.deps import AdminDep, RuntimeDep, SessionDep
-from app.models import AuditEvent, ConfirmationRequest, Status
+from app.hook_services import set_switch
+from app.models import Status, Switch
 from app.operators import decide
-from app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, DecisionIn, Problem, RequestOut
+from app.queries import RequestFilter
+from app.schemas import (
+    AdminRequestOut,
+    AuditEventOut,
+    AuditVerifyOut,
+    DecisionIn,
+    Problem,
+    RequestOut,
+    SwitchIn,
+    SwitchOut,
+)
 from channels import Verdict
 
 router = APIRouter(prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep])
@@ -35,30 +46,16 @@ async def list_requests(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[RequestOut]:
     """Requests, newest first, filtered by status, agent, tool; page with ``before``."""
-    stmt = select(ConfirmationRequest).order_by(col(ConfirmationRequest.created_at).desc()).limit(limit)
-    if status_ is not None:
-        stmt = stmt.where(col(ConfirmationRequest.status) == status_)
-    if agent is not None:
-        stmt = stmt.where(col(ConfirmationRequest.agent_id) == agent)
-    if tool is not None:
-        stmt = stmt.where(col(ConfirmationRequest.tool_name) == tool)
-    if before is not None:
-        stmt = stmt.where(col(ConfirmationRequest.created_at) < before)
-    rows = (await session.exec(stmt)).all()
+    which = RequestFilter(status=status_, agent=agent, tool=tool, before=before)
+    rows = await queries.list_requests(session, which, limit=limit)
     return [RequestOut.of(r, await votes_for(session, r.id)) for r in rows]
 
 
 async def _admin_view(session: SessionDep, request_id: str) -> AdminRequestOut:
-    req = await get_request(session, request_id)
-    if req is None:
+    view = await queries.admin_view(session, request_id)
+    if view is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
-    events = (
-        await session.exec(
-            select(AuditEvent).where(col(AuditEvent.request_id) == request_id).order_by(col(AuditEvent.seq))
-        )
-    ).all()
-    base = RequestOut.of(req, await votes_for(session, request_id))
-    return AdminRequestOut(**base.model_dump(), audit=[AuditEventOut.of(e) for e in events])
+    return view
 
 
 @router.get("/requests/{request_id}", response_model=AdminRequestOut, responses=ERRORS)
@@ -102,39 +99,36 @@ async def list_audit(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[AuditEventOut]:
     """Audit events in order, from ``after`` (a sequence number)."""
-    stmt = select(AuditEvent).where(col(AuditEvent.seq) > after).order_by(col(AuditEvent.seq)).limit(limit)
-    if request_id is not None:
-        stmt = stmt.where(col(AuditEvent.request_id) == request_id)
-    return [AuditEventOut.of(e) for e in (await session.exec(stmt)).all()]
+    events = await queries.audit_events(session, request_id=request_id, after=after, limit=limit)
+    return [AuditEventOut.of(e) for e in events]
 
 
 @router.get("/audit/verify", response_model=AuditVerifyOut, responses=ERRORS)
 async def verify_audit(session: SessionDep) -> AuditVerifyOut:
     """Check the hash chain end to end."""
-    count, broken = await verify_chain(session)
-    if broken is None:
-        return AuditVerifyOut(ok=True, events=count)
-    return AuditVerifyOut(ok=False, events=count, broken_at=broken.seq, problem=broken.problem)
-
-
-def _masked(value: Any) -> Any:
-    if isinstance(value, SecretStr):
-        return "********" if value.get_secret_value() else ""
-    if isinstance(value, dict):
-        return {k: _masked(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_masked(v) for v in value]
-    return value
+    return await queries.verify_audit(session)
 
 
 @router.get("/config", responses=ERRORS)
 async def read_config(runtime: RuntimeDep) -> dict[str, Any]:
     """The configuration as loaded, secrets masked."""
-    cfg = runtime.config
-    return {
-        "source": cfg.source,
-        "channels": {n: _masked(cast(BaseModel, c).model_dump()) for n, c in cfg.channels.items()},
-        "people": {k: p.model_dump(exclude_none=True) for k, p in cfg.people.items()},
-        "agents": {a: c.model_dump(mode="json") for a, c in cfg.agents.items()},
-        "redact": sorted(cfg.redact),
-    }
+    return queries.config_view(runtime.config)
+
+
+@router.get("/switches", response_model=list[SwitchOut], responses=ERRORS)
+async def list_switches(session: SessionDep) -> list[SwitchOut]:
+    """Operator switches (``read_only`` for ``readonly_guard``)."""
+    rows = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
+    return [SwitchOut.model_validate(r, from_attributes=True) for r in rows]
+
+
+@router.put("/switches/{name}", response_model=SwitchOut, responses={**ERRORS, 422: {"model": Problem}})
+async def update_switch(
+    name: Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")],
+    body: SwitchIn,
+    session: SessionDep,
+) -> SwitchOut:
+    """Turn a switch on or off as a named operator (audited)."""
+    actor = Actor("web", body.operator, body.operator)
+    row = await set_switch(session, name, on=body.on, actor=actor, reason=body.reason)
+    return SwitchOut.model_validate(row, from_attributes=True)

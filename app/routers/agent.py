@@ -9,12 +9,22 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, status
 
 from app.audit import Actor
-from app.confirmations import TERMINAL, Approvals, get_request, transition, votes_for
+from app.confirmations import TERMINAL, get_request, transition, votes_for
 from app.deps import AgentDep, RuntimeDep, SessionDep
+from app.hook_services import ServerHookServices
 from app.models import ConfirmationRequest, Status
 from app.runtime import Runtime
-from app.schemas import DecisionOut, PreToolUseIn, Problem, RequestOut
-from hooks import HookContext
+from app.schemas import (
+    DecisionOut,
+    PostToolUseIn,
+    PostToolUseOut,
+    PreToolUseIn,
+    Problem,
+    RequestOut,
+    SessionStartIn,
+    SessionStartOut,
+)
+from hooks import Decision, HookContext
 
 router = APIRouter(prefix="/v1", tags=["agent"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -41,7 +51,7 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def _check_limits(runtime: Runtime, body: PreToolUseIn) -> None:
+def _check_limits(runtime: Runtime, body: PreToolUseIn | PostToolUseIn) -> None:
     s = runtime.settings
     for field in ("arguments", "metadata"):
         value = getattr(body, field)
@@ -62,11 +72,8 @@ async def run_pre_tool_use(
     _check_limits(runtime, body)
     registry = runtime.registries.get(agent)
     if registry is None:
-        return DecisionOut(
-            decision="deny",
-            reason=f"agent {agent!r} is not configured under `agents` in the Signoff configuration",
-        )
-    approvals = Approvals(session, runtime.config)
+        return DecisionOut(decision="deny", reason=_not_configured(agent))
+    services = ServerHookServices(session, runtime.config, agent)
     ctx = HookContext(
         agent_id=agent,
         tool_name=body.tool_name,
@@ -76,18 +83,76 @@ async def run_pre_tool_use(
         tool_call_id=body.tool_call_id,
         idempotency_key=body.idempotency_key,
         metadata=body.metadata,
-        approvals=approvals,
+        services=services,
     )
     result = await registry.run_pre_tool_use(ctx)
+    made = services.approvals.request
     request = None
-    if approvals.request is not None and result.request_id == approvals.request.id:
-        request = RequestOut.of(approvals.request, await votes_for(session, approvals.request.id))
+    if made is not None and result.request_id == made.id:
+        request = RequestOut.of(made, await votes_for(session, made.id))
     return DecisionOut(
         decision=result.decision.value,
         reason=result.reason,
         request_id=result.request_id,
         request=request,
         modified_arguments=dict(result.modified_arguments) if result.modified_arguments is not None else None,
+    )
+
+
+def _not_configured(agent: str) -> str:
+    return f"agent {agent!r} is not configured under `agents` in the Signoff configuration"
+
+
+@router.post("/hooks/post-tool-use", response_model=PostToolUseOut, responses=ERRORS)
+async def run_post_tool_use(
+    body: PostToolUseIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
+) -> PostToolUseOut:
+    """Run the agent's PostToolUse hooks: audit the call, rewrite (truncate) its result."""
+    _check_limits(runtime, body)
+    registry = runtime.registries.get(agent)
+    if registry is None:
+        return PostToolUseOut(decision="deny", reason=_not_configured(agent))
+    ctx = HookContext(
+        agent_id=agent,
+        tool_name=body.tool_name,
+        arguments=body.arguments,
+        user_id=body.user_id,
+        session_id=body.session_id,
+        tool_call_id=body.tool_call_id,
+        metadata={**body.metadata, **({"error": body.error} if body.error else {})},
+        result=body.result,
+        services=ServerHookServices(session, runtime.config, agent),
+    )
+    result = await registry.run_post_tool_use(ctx)
+    modified = result.modified_result is not None
+    return PostToolUseOut(
+        decision="deny" if result.decision is Decision.DENY else "allow",
+        reason=result.reason,
+        modified=modified,
+        result=result.modified_result if modified else body.result,
+    )
+
+
+@router.post("/hooks/session-start", response_model=SessionStartOut, responses=ERRORS)
+async def run_session_start(
+    body: SessionStartIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
+) -> SessionStartOut:
+    """Run the agent's SessionStart hooks: the context they add."""
+    registry = runtime.registries.get(agent)
+    if registry is None:
+        return SessionStartOut(decision="deny", reason=_not_configured(agent))
+    ctx = HookContext(
+        agent_id=agent,
+        user_id=body.user_id,
+        session_id=body.session_id,
+        metadata=body.metadata,
+        services=ServerHookServices(session, runtime.config, agent),
+    )
+    result = await registry.run_session_start(ctx)
+    return SessionStartOut(
+        decision="deny" if result.decision is Decision.DENY else "allow",
+        reason=result.reason,
+        additional_context=result.additional_context,
     )
 
 

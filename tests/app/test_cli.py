@@ -342,7 +342,9 @@ def test_unknown_request_id(cli: Cli, command: str) -> None:
 
 def test_decisions_refuse_an_invalid_configuration(cli: Cli) -> None:
     rid = cli.request()
-    cli.config_file.write_text("agents: {finance-bot: {hooks: [{tools: [x], channel: ghost}]}}\n")
+    cli.config_file.write_text(
+        "agents: {finance-bot: {hooks: [{type: confirmation_gate, tools: [x], channel: ghost}]}}\n"
+    )
     done = cli("requests", "approve", rid, "--as", "alice")
     assert done.returncode == 2
     assert "no channel named 'ghost'" in done.stderr

@@ -210,7 +210,7 @@ def test_gate_without_tools(tmp_path: Path) -> None:
 
 
 def test_unknown_hook_type(tmp_path: Path) -> None:
-    assert_one_problem(tmp_path, doc(gate(type="rate_limit")), f"{AGENT}.type", "confirmation_gate")
+    assert_one_problem(tmp_path, doc(gate(type="rate_limiter")), AGENT, "unknown hook type 'rate_limiter'")
 
 
 def test_unknown_field_in_a_gate(tmp_path: Path) -> None:

@@ -213,7 +213,7 @@ async def test_gate_asks_the_broker() -> None:
             return HookResult(decision=Decision.PENDING, reason="waiting", request_id="r1")
 
     gate = make_gate("pay_*")
-    call = HookContext(agent_id="a", tool_name="pay_x", approvals=Broker())
+    call = HookContext(agent_id="a", tool_name="pay_x", services=Broker())  # type: ignore[arg-type]
     result = await gate.before_tool_use(call)
     assert result.decision is Decision.PENDING
     assert result.request_id == "r1"

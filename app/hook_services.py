@@ -1,0 +1,87 @@
+"""The server side of the built-in hooks (:class:`hooks.HookServices`), in the call's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app import audit
+from app.audit import Actor
+from app.config import SignoffConfig
+from app.confirmations import Approvals, redact
+from app.models import RateBucket, Switch, utcnow
+from hooks import HookContext, HookResult
+
+__all__ = ["ServerHookServices", "is_switch_on", "set_switch"]
+
+
+async def is_switch_on(session: AsyncSession, name: str) -> bool:
+    on = (await session.exec(select(Switch.on).where(col(Switch.name) == name))).first()
+    return bool(on)
+
+
+async def set_switch(
+    session: AsyncSession, name: str, *, on: bool, actor: Actor, reason: str | None = None
+) -> Switch:
+    """Turn a switch on or off (audited); creates it on first use."""
+    row = (await session.exec(select(Switch).where(col(Switch.name) == name).with_for_update())).first()
+    if row is None:
+        row = Switch(name=name)
+        session.add(row)
+    previous = row.on
+    row.on, row.updated_at, row.updated_by, row.reason = on, utcnow(), actor.name or actor.id, reason
+    await audit.append(
+        session,
+        "switch_changed",
+        actor=actor,
+        detail={"switch": name, "on": on, "was": previous, "reason": reason},
+    )
+    return row
+
+
+class ServerHookServices:
+    def __init__(self, session: AsyncSession, config: SignoffConfig, agent_id: str) -> None:
+        self._session = session
+        self._config = config
+        self.approvals = Approvals(session, config)
+        extra = config.agents[agent_id].redact if agent_id in config.agents else ()
+        self._redact = config.redact | frozenset(w.lower() for w in extra)
+
+    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
+        return await self.approvals.request_approval(ctx, gate)
+
+    async def is_switch_on(self, name: str) -> bool:
+        return await is_switch_on(self._session, name)
+
+    async def take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
+        session, now = self._session, utcnow()
+        stmt = select(RateBucket).where(col(RateBucket.key) == bucket).with_for_update()
+        row = (await session.exec(stmt)).first()
+        if row is None:
+            try:
+                async with session.begin_nested():
+                    session.add(RateBucket(key=bucket, tokens=capacity - 1, updated_at=now))
+                    await session.flush()
+                return 0.0
+            except IntegrityError:  # another replica made the bucket first
+                row = (await session.exec(stmt)).one()
+        elapsed = max(0.0, (now - row.updated_at).total_seconds())
+        tokens = min(capacity, row.tokens + elapsed * refill_per_second)
+        row.updated_at = now
+        if tokens >= 1:
+            row.tokens = tokens - 1
+            return 0.0
+        row.tokens = tokens
+        return (1 - tokens) / refill_per_second
+
+    async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
+        await audit.append(
+            self._session,
+            action,
+            actor=Actor("agent", ctx.agent_id),
+            detail=redact(dict(detail), self._redact),
+        )

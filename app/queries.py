@@ -1,0 +1,229 @@
+"""Reads shared by the operator API and the console: requests by filter, one request with
+its trail, the audit log and its verification, the configuration with secrets masked."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import sqlalchemy as sa
+from pydantic import BaseModel, SecretStr
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+from sqlmodel.sql.expression import SelectOfScalar
+
+from app.audit import verify_chain
+from app.config import SignoffConfig
+from app.confirmations import get_request, votes_for
+from app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
+from app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
+
+__all__ = [
+    "RequestFilter",
+    "admin_view",
+    "approvals_for",
+    "audit_events",
+    "audit_page",
+    "config_view",
+    "count_requests",
+    "deliveries_for",
+    "iter_requests",
+    "list_requests",
+    "masked",
+    "masked_channels",
+    "request_trail",
+    "verify_audit",
+    "votes_by_request",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFilter:
+    """Which requests to list; every field left ``None`` matches everything."""
+
+    status: Status | None = None
+    agent: str | None = None
+    tool: str | None = None
+    """The exact tool name."""
+    tool_contains: str | None = None
+    """Part of the tool name, any case."""
+    decider: str | None = None
+    """Who decided: their user id or display name, any case."""
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    before: datetime | None = None
+    """Only requests created before this (paging, newest first)."""
+
+
+def _requests_stmt(f: RequestFilter) -> SelectOfScalar[ConfirmationRequest]:
+    r = ConfirmationRequest
+    stmt = select(r).order_by(col(r.created_at).desc(), col(r.id).desc())
+    if f.status is not None:
+        stmt = stmt.where(col(r.status) == f.status)
+    if f.agent is not None:
+        stmt = stmt.where(col(r.agent_id) == f.agent)
+    if f.tool is not None:
+        stmt = stmt.where(col(r.tool_name) == f.tool)
+    if f.tool_contains:
+        stmt = stmt.where(sa.func.lower(col(r.tool_name)).contains(f.tool_contains.lower(), autoescape=True))
+    if f.decider:
+        who = f.decider.lower()
+        stmt = stmt.where(
+            sa.or_(
+                sa.func.lower(col(r.decided_by_user_id)) == who,
+                sa.func.lower(col(r.decided_by_name)) == who,
+            )
+        )
+    if f.created_from is not None:
+        stmt = stmt.where(col(r.created_at) >= f.created_from)
+    if f.created_to is not None:
+        stmt = stmt.where(col(r.created_at) < f.created_to)
+    if f.before is not None:
+        stmt = stmt.where(col(r.created_at) < f.before)
+    return stmt
+
+
+async def list_requests(session: AsyncSession, f: RequestFilter, *, limit: int) -> list[ConfirmationRequest]:
+    """Requests matching ``f``, newest first."""
+    return list((await session.exec(_requests_stmt(f).limit(limit))).all())
+
+
+async def count_requests(session: AsyncSession, f: RequestFilter) -> int:
+    stmt = select(sa.func.count()).select_from(_requests_stmt(f).order_by(None).subquery())
+    return int((await session.exec(stmt)).one())
+
+
+async def iter_requests(
+    session: AsyncSession, f: RequestFilter, *, batch: int = 500
+) -> AsyncIterator[list[ConfirmationRequest]]:
+    """Every request matching ``f``, newest first, in batches (keyset paging: no OFFSET)."""
+    last: tuple[datetime, str] | None = None
+    r = ConfirmationRequest
+    while True:
+        stmt = _requests_stmt(f)
+        if last is not None:
+            stmt = stmt.where(
+                sa.or_(
+                    col(r.created_at) < last[0],
+                    sa.and_(col(r.created_at) == last[0], col(r.id) < last[1]),
+                )
+            )
+        rows = list((await session.exec(stmt.limit(batch))).all())
+        if not rows:
+            return
+        yield rows
+        if len(rows) < batch:
+            return
+        last = (rows[-1].created_at, rows[-1].id)
+
+
+async def approvals_for(session: AsyncSession, request_ids: Iterable[str]) -> dict[str, int]:
+    """Approvals so far for each of ``request_ids`` (one query)."""
+    ids = list(request_ids)
+    if not ids:
+        return {}
+    rows = await session.exec(
+        select(col(Vote.request_id), sa.func.count())
+        .where(col(Vote.request_id).in_(ids), col(Vote.verdict) == "approve")
+        .group_by(col(Vote.request_id))
+    )
+    return {str(rid): int(n) for rid, n in rows.all()}
+
+
+async def votes_by_request(session: AsyncSession, request_ids: Iterable[str]) -> dict[str, list[Vote]]:
+    """The votes on each of ``request_ids``, in order (one query)."""
+    ids = list(request_ids)
+    out: dict[str, list[Vote]] = {rid: [] for rid in ids}
+    if ids:
+        stmt = select(Vote).where(col(Vote.request_id).in_(ids)).order_by(col(Vote.id))
+        for vote in (await session.exec(stmt)).all():
+            out[vote.request_id].append(vote)
+    return out
+
+
+async def request_trail(session: AsyncSession, request_id: str) -> list[AuditEvent]:
+    """The audit events about one request, in order."""
+    stmt = select(AuditEvent).where(col(AuditEvent.request_id) == request_id).order_by(col(AuditEvent.seq))
+    return list((await session.exec(stmt)).all())
+
+
+async def deliveries_for(session: AsyncSession, request_id: str) -> list[Delivery]:
+    """The card posts and updates owed or sent for one request, in order."""
+    stmt = select(Delivery).where(col(Delivery.request_id) == request_id).order_by(col(Delivery.id))
+    return list((await session.exec(stmt)).all())
+
+
+async def admin_view(session: AsyncSession, request_id: str) -> AdminRequestOut | None:
+    """One request with its votes and audit trail; None if there is no such request."""
+    req = await get_request(session, request_id)
+    if req is None:
+        return None
+    base = RequestOut.of(req, await votes_for(session, request_id))
+    trail = await request_trail(session, request_id)
+    return AdminRequestOut(**base.model_dump(), audit=[AuditEventOut.of(e) for e in trail])
+
+
+async def audit_events(
+    session: AsyncSession, *, request_id: str | None = None, after: int = 0, limit: int = 200
+) -> list[AuditEvent]:
+    """Audit events in order, from ``after`` (a sequence number)."""
+    stmt = select(AuditEvent).where(col(AuditEvent.seq) > after).order_by(col(AuditEvent.seq)).limit(limit)
+    if request_id is not None:
+        stmt = stmt.where(col(AuditEvent.request_id) == request_id)
+    return list((await session.exec(stmt)).all())
+
+
+async def audit_page(
+    session: AsyncSession,
+    *,
+    before: int | None = None,
+    action: str | None = None,
+    request_id: str | None = None,
+    limit: int = 50,
+) -> list[AuditEvent]:
+    """Audit events newest first, older than ``before`` (a sequence number)."""
+    stmt = select(AuditEvent).order_by(col(AuditEvent.seq).desc()).limit(limit)
+    if before is not None:
+        stmt = stmt.where(col(AuditEvent.seq) < before)
+    if action:
+        stmt = stmt.where(col(AuditEvent.action) == action)
+    if request_id:
+        stmt = stmt.where(col(AuditEvent.request_id) == request_id)
+    return list((await session.exec(stmt)).all())
+
+
+async def verify_audit(session: AsyncSession) -> AuditVerifyOut:
+    """Check the hash chain end to end."""
+    count, broken = await verify_chain(session)
+    if broken is None:
+        return AuditVerifyOut(ok=True, events=count)
+    return AuditVerifyOut(ok=False, events=count, broken_at=broken.seq, problem=broken.problem)
+
+
+def masked(value: Any) -> Any:
+    """``value`` with every secret replaced by ``********`` (or ``""`` when it is empty)."""
+    if isinstance(value, SecretStr):
+        return "********" if value.get_secret_value() else ""
+    if isinstance(value, dict):
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [masked(v) for v in value]
+    return value
+
+
+def masked_channels(config: SignoffConfig) -> dict[str, dict[str, Any]]:
+    """Each channel's settings as loaded, secrets masked."""
+    return {n: masked(cast(BaseModel, c).model_dump()) for n, c in config.channels.items()}
+
+
+def config_view(config: SignoffConfig) -> dict[str, Any]:
+    """The configuration as loaded, secrets masked (operators' password hashes left out)."""
+    return {
+        "source": config.source,
+        "channels": masked_channels(config),
+        "people": {k: p.model_dump(exclude_none=True) for k, p in config.people.items()},
+        "agents": {a: c.model_dump(mode="json") for a, c in config.agents.items()},
+        "redact": sorted(config.redact),
+    }

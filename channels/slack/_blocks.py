@@ -1,0 +1,311 @@
+"""Block Kit for approval cards and the rejection-reason modal (pure functions)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from channels._contract import Card, Person
+
+__all__ = [
+    "ACTION_APPROVE",
+    "ACTION_REJECT",
+    "MAX_REASON_CHARS",
+    "REASON_ACTION_ID",
+    "REASON_BLOCK_ID",
+    "REJECT_MODAL_CALLBACK_ID",
+    "escape_mrkdwn",
+    "reason_required_by",
+    "render_card",
+    "render_reject_modal",
+]
+
+ACTION_APPROVE = "signoff_approve"
+ACTION_REJECT = "signoff_reject"
+REJECT_MODAL_CALLBACK_ID = "signoff_reject_reason"
+REASON_BLOCK_ID = "signoff_reason"
+REASON_ACTION_ID = "reason"
+MAX_REASON_CHARS = 2000
+
+# Block Kit limits (docs.slack.dev/reference/block-kit); Slack refuses the whole
+# message with ``invalid_blocks`` when one is exceeded.
+_TEXT_LIMIT = 4000
+_HEADER_LIMIT = 150
+_SECTION_TEXT_LIMIT = 3000
+_FIELD_LIMIT = 2000
+_CONTEXT_TEXT_LIMIT = 3000
+_CONFIRM_TEXT_LIMIT = 300
+_NAME_LIMIT = 200
+
+# The actions block id carries whether a rejection needs a reason, so the modal
+# can mark its input required at click time, before the server is asked.
+_ACTIONS_PREFIX = "signoff_actions."
+_ACTIONS_REASON_PREFIX = "signoff_actions_reason."
+
+_STATUS_WORDS = {
+    "approved": ("✅", "Approved"),
+    "rejected": ("❌", "Rejected"),
+    "expired": ("⌛", "Expired"),
+    "cancelled": ("🚫", "Cancelled"),
+}
+_SLACK_ID = re.compile(r"[A-Z][A-Z0-9]{1,40}")
+_ENTITY_TAIL = 5  # len("&amp;"), the longest escape _escape emits
+
+
+def render_card(card: Card) -> tuple[str, list[dict[str, Any]]]:
+    """Draw ``card`` as ``(text, blocks)`` for ``chat.postMessage`` / ``chat.update``.
+
+    ``text`` is the notification and screen-reader fallback. A pending card ends
+    with Approve / Reject buttons whose ``value`` is the request id; any other
+    status shows the outcome, who decided, when and why, and has no buttons.
+    Every user-supplied string is escaped, so arguments cannot mention
+    ``@channel`` or forge links, and clipped to Block Kit's limits.
+    """
+    version = _version(card)
+    icon, word = _status(card.status)
+    agent = _clip(escape_mrkdwn(card.agent_id), _NAME_LIMIT)
+    tool = _clip(escape_mrkdwn(card.tool_name), _NAME_LIMIT)
+
+    if card.is_pending:
+        text = f"Approval needed: {agent} wants to run {tool}"
+        header = f"Approval needed: {card.tool_name}"
+    else:
+        text = f"{word}: {agent} wanted to run {tool}"
+        if card.decided_by is not None:
+            text += f" (by {_clip(escape_mrkdwn(card.decided_by.name), _NAME_LIMIT)})"
+        header = f"{icon} {word}: {card.tool_name}"
+
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "header",
+            "block_id": f"signoff_header.{version}",
+            "text": {"type": "plain_text", "text": _clip(header, _HEADER_LIMIT), "emoji": True},
+        },
+        {
+            "type": "section",
+            "block_id": f"signoff_summary.{version}",
+            "fields": [{"type": "mrkdwn", "text": f} for f in _fields(card)],
+        },
+        {
+            "type": "section",
+            "block_id": f"signoff_arguments.{version}",
+            "text": {"type": "mrkdwn", "text": _arguments(card)},
+        },
+    ]
+    if not card.is_pending:
+        blocks.append(
+            {
+                "type": "section",
+                "block_id": f"signoff_outcome.{version}",
+                "text": {"type": "mrkdwn", "text": _outcome(card, icon, word)},
+            }
+        )
+    blocks.append(
+        {
+            "type": "context",
+            "block_id": f"signoff_context.{version}",
+            "elements": [{"type": "mrkdwn", "text": _context(card)}],
+        }
+    )
+    if card.is_pending:
+        blocks.append(_actions(card, version, agent, tool))
+    return _clip(text, _TEXT_LIMIT), blocks
+
+
+def render_reject_modal(request_id: str, *, reason_required: bool, channel_id: str | None) -> dict[str, Any]:
+    """The ``views.open`` view asking why a request is rejected.
+
+    ``private_metadata`` carries the request id (and the card's channel) to the
+    ``view_submission``; the reason is at ``state.values[REASON_BLOCK_ID][REASON_ACTION_ID]``.
+    """
+    metadata = json.dumps({"request_id": request_id, "channel_id": channel_id}, separators=(",", ":"))
+    return {
+        "type": "modal",
+        "callback_id": REJECT_MODAL_CALLBACK_ID,
+        "private_metadata": metadata,
+        "title": {"type": "plain_text", "text": "Reject request"},
+        "submit": {"type": "plain_text", "text": "Reject"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            {
+                "type": "context",
+                "elements": [{"type": "mrkdwn", "text": f"Request {_code(request_id, _NAME_LIMIT)}"}],
+            },
+            {
+                "type": "input",
+                "block_id": REASON_BLOCK_ID,
+                "optional": not reason_required,
+                "label": {"type": "plain_text", "text": "Reason"},
+                "hint": {"type": "plain_text", "text": "The agent is told this reason."},
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": REASON_ACTION_ID,
+                    "multiline": True,
+                    "max_length": MAX_REASON_CHARS,
+                },
+            },
+        ],
+    }
+
+
+def reason_required_by(block_id: str) -> bool:
+    """Whether the actions block a Reject click came from asked for a reason."""
+    return block_id.startswith(_ACTIONS_REASON_PREFIX)
+
+
+def _version(card: Card) -> str:
+    # Slack wants fresh block ids each time a message is updated.
+    seed = "\x00".join(
+        (
+            card.request_id,
+            card.status,
+            str(len(card.approvals)),
+            card.decided_at.isoformat() if card.decided_at else "",
+        )
+    )
+    return hashlib.sha256(seed.encode()).hexdigest()[:12]
+
+
+def _status(status: str) -> tuple[str, str]:
+    return _STATUS_WORDS.get(status, ("🔹", status.capitalize() or "Unknown"))
+
+
+def _fields(card: Card) -> list[str]:
+    fields = [
+        f"*Agent*\n{_code(card.agent_id, _NAME_LIMIT)}",
+        f"*Tool*\n{_code(card.tool_name, _NAME_LIMIT)}",
+    ]
+    if card.requester is not None:
+        fields.append(_clip(f"*On behalf of*\n{_person(card.requester)}", _FIELD_LIMIT))
+    if card.is_pending:
+        fields.append(f"*Expires*\n{_date(card.expires_at)}")
+    approvers = _join_fitting(
+        [_person(p) for p in card.approvers], _FIELD_LIMIT - 20, empty="Anyone in this channel"
+    )
+    fields.append(f"*Approvers*\n{approvers}")
+    count = f"{len(card.approvals)} of {card.quorum}"
+    if card.approvals:
+        count += ": " + _join_fitting([_person(p) for p in card.approvals], _FIELD_LIMIT - 40, empty="")
+    fields.append(f"*Approvals*\n{count}")
+    return fields
+
+
+def _arguments(card: Card) -> str:
+    title = "*Arguments*\n"
+    if not card.arguments:
+        return title + "_none_"
+    raw = json.dumps(dict(card.arguments), indent=2, ensure_ascii=False, default=str)
+    # A run of backticks inside the block would close it early.
+    raw = re.sub(r"`(?=`)", "`\u200b", raw)
+    fence_open, fence_close = "```\n", "\n```"
+    budget = _SECTION_TEXT_LIMIT - len(title) - len(fence_open) - len(fence_close)
+    return f"{title}{fence_open}{_clip(escape_mrkdwn(raw), budget)}{fence_close}"
+
+
+def _outcome(card: Card, icon: str, word: str) -> str:
+    line = f"{icon} *{word}*"
+    if card.decided_by is not None:
+        line += f" by {_person(card.decided_by)}"
+    if card.decided_at is not None:
+        line += f" · {_date(card.decided_at)}"
+    if card.reason:
+        head = f"{line}\n*Reason:* "
+        line = head + _clip(escape_mrkdwn(card.reason), _SECTION_TEXT_LIMIT - len(head))
+    return line
+
+
+def _context(card: Card) -> str:
+    text = f"Request {_code(card.request_id, _NAME_LIMIT)} · created {_date(card.created_at)}"
+    if card.is_pending and card.require_reject_reason:
+        text += " · a rejection needs a reason"
+    return text
+
+
+def _actions(card: Card, version: str, agent: str, tool: str) -> dict[str, Any]:
+    prefix = _ACTIONS_REASON_PREFIX if card.require_reject_reason else _ACTIONS_PREFIX
+    confirm_text = f"{agent} will not be allowed to run {tool}. You can give a reason next."
+    return {
+        "type": "actions",
+        "block_id": prefix + version,
+        "elements": [
+            {
+                "type": "button",
+                "action_id": ACTION_APPROVE,
+                "style": "primary",
+                "value": card.request_id,
+                "text": {"type": "plain_text", "text": "Approve", "emoji": True},
+            },
+            {
+                "type": "button",
+                "action_id": ACTION_REJECT,
+                "style": "danger",
+                "value": card.request_id,
+                "text": {"type": "plain_text", "text": "Reject", "emoji": True},
+                "confirm": {
+                    "title": {"type": "plain_text", "text": "Reject this request?"},
+                    "text": {"type": "mrkdwn", "text": _clip(confirm_text, _CONFIRM_TEXT_LIMIT)},
+                    "confirm": {"type": "plain_text", "text": "Reject"},
+                    "deny": {"type": "plain_text", "text": "Cancel"},
+                    "style": "danger",
+                },
+            },
+        ],
+    }
+
+
+def _date(moment: datetime) -> str:
+    """Slack date formatting: shown in the reader's time zone, with a UTC fallback."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    fallback = moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} at {{time}}|{fallback}>"
+
+
+def _person(person: Person) -> str:
+    if person.user_id is not None and _SLACK_ID.fullmatch(person.user_id):
+        return f"<@{person.user_id}>"
+    return _clip(escape_mrkdwn(person.name), _NAME_LIMIT)
+
+
+def _code(text: str, limit: int) -> str:
+    return "`" + _clip(escape_mrkdwn(text.replace("`", "'")), limit) + "`"
+
+
+def escape_mrkdwn(text: str) -> str:
+    """Escape Slack's three control characters (``&``, ``<``, ``>``); everything else is literal."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _clip(text: str, limit: int) -> str:
+    """Cut escaped text to ``limit`` characters with an ellipsis, never inside an ``&…;`` entity."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    amp = cut.rfind("&", len(cut) - _ENTITY_TAIL)
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    return cut + "…"
+
+
+def _join_fitting(items: list[str], limit: int, *, empty: str) -> str:
+    """Join whole items (mentions must not be cut) and count the ones that did not fit."""
+    if not items:
+        return empty
+    shown: list[str] = []
+    length = 0
+    for index, item in enumerate(items):
+        rest = len(items) - index - 1
+        tail = len(f" and {rest} more") if rest else 0
+        cost = len(item) + (2 if shown else 0)
+        if length + cost + tail > limit:
+            break
+        shown.append(item)
+        length += cost
+    hidden = len(items) - len(shown)
+    joined = ", ".join(shown)
+    if hidden:
+        joined = f"{joined} and {hidden} more" if shown else f"{hidden} people"
+    return joined

@@ -1,0 +1,213 @@
+"""Callback verification and payload parsing (pure functions: raw body + headers + clock in)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels._contract import CallbackRejected, Click, Verdict
+from channels.slack._blocks import (
+    ACTION_APPROVE,
+    ACTION_REJECT,
+    REASON_ACTION_ID,
+    REASON_BLOCK_ID,
+    REJECT_MODAL_CALLBACK_ID,
+)
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "SIGNATURE_WINDOW_SECONDS",
+    "click_from_block_actions",
+    "click_from_view_submission",
+    "lower_headers",
+    "parse_payload",
+    "verify_request",
+]
+
+SIGNATURE_WINDOW_SECONDS = 300
+MAX_BODY_BYTES = 1024 * 1024
+"""Slack interactivity payloads are a few kilobytes; anything this large is not from Slack."""
+
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_SIGNATURE = re.compile(r"v0=[0-9a-fA-F]{64}")
+_VERDICTS = {ACTION_APPROVE: Verdict.APPROVE, ACTION_REJECT: Verdict.REJECT}
+
+
+def lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Header names are case-insensitive; Slack's letter case must not be assumed."""
+    return {key.lower(): value for key, value in headers.items()}
+
+
+def verify_request(body: bytes, headers: Mapping[str, str], signing_secret: str, now: float) -> None:
+    """Check Slack's ``v0`` signature over the raw body; raise :class:`CallbackRejected` if it fails.
+
+    The signature is ``v0=`` + hex HMAC-SHA256 of ``v0:{timestamp}:{body}`` keyed with
+    the signing secret; the timestamp must be within five minutes of ``now``.
+    Missing or malformed headers, a non-numeric timestamp and a body that is
+    not UTF-8 are rejections (401), as is a body over :data:`MAX_BODY_BYTES` (413).
+    """
+    if len(body) > MAX_BODY_BYTES:
+        raise CallbackRejected(f"body of {len(body)} bytes is over the limit", status_code=413)
+    lowered = lower_headers(headers)
+    timestamp = lowered.get("x-slack-request-timestamp")
+    signature = lowered.get("x-slack-signature")
+    if timestamp is None or signature is None:
+        raise CallbackRejected("missing X-Slack-Request-Timestamp or X-Slack-Signature")
+    if not _TIMESTAMP.fullmatch(timestamp):
+        raise CallbackRejected("malformed X-Slack-Request-Timestamp")
+    if abs(now - int(timestamp)) > SIGNATURE_WINDOW_SECONDS:
+        raise CallbackRejected("X-Slack-Request-Timestamp outside the five-minute window")
+    if not _SIGNATURE.fullmatch(signature):
+        raise CallbackRejected("malformed X-Slack-Signature")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CallbackRejected("body is not UTF-8") from None
+    base = b"v0:" + timestamp.encode("ascii") + b":" + body
+    expected = "v0=" + hmac.new(signing_secret.encode("utf-8"), base, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected.encode("ascii"), signature.lower().encode("ascii")):
+        raise CallbackRejected("signature mismatch")
+
+
+def parse_payload(body: bytes) -> dict[str, Any]:
+    """The JSON object of a verified callback.
+
+    Interactivity posts a form whose ``payload`` field is JSON; Events API
+    checks (``url_verification``) post JSON directly; ``ssl_check=1`` comes as a
+    bare form. Anything else is a :class:`CallbackRejected` with status 400.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CallbackRejected("body is not UTF-8", status_code=400) from None
+    if text.lstrip().startswith("{"):
+        data = _json(text)
+    else:
+        form = parse_qs(text, keep_blank_values=True)
+        payload = form.get("payload")
+        if payload is None:
+            if form.get("ssl_check") == ["1"]:
+                return {"type": "ssl_check"}
+            raise CallbackRejected("form has no payload field", status_code=400)
+        if len(payload) != 1:
+            raise CallbackRejected("form has more than one payload field", status_code=400)
+        data = _json(payload[0])
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        raise CallbackRejected("payload is not an object with a type", status_code=400)
+    return data
+
+
+def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
+    """The Approve or Reject press in a ``block_actions`` payload, or ``None`` if it holds none.
+
+    The clicker's user id, team, enterprise and ``action_ts`` (and the card's
+    channel and message, when the button was on a message) go into
+    :attr:`Click.identity`; ``event_id`` is ``action_ts:user_id``, which a
+    redelivery repeats and a second click does not.
+    """
+    user = _obj(payload, "user")
+    user_id = _str(user, "id")
+    if user_id is None:
+        return None
+    for action in payload.get("actions") or ():
+        if not isinstance(action, Mapping):
+            continue
+        verdict = _VERDICTS.get(_str(action, "action_id") or "")
+        request_id = _str(action, "value")
+        if verdict is None or request_id is None:
+            continue
+        action_ts = _str(action, "action_ts")
+        container = _obj(payload, "container")
+        identity = _identity(payload, user)
+        _put(identity, "action_ts", action_ts)
+        _put(identity, "channel_id", _str(_obj(payload, "channel"), "id") or _str(container, "channel_id"))
+        _put(identity, "message_ts", _str(container, "message_ts"))
+        return Click(
+            request_id=request_id,
+            verdict=verdict,
+            user_id=user_id,
+            user_name=_user_name(user),
+            event_id=f"{action_ts}:{user_id}" if action_ts else None,
+            identity=identity,
+        )
+    return None
+
+
+def click_from_view_submission(payload: Mapping[str, Any]) -> Click | None:
+    """The rejection submitted from the reason modal, or ``None`` if the view is not ours.
+
+    A blank reason is ``None``. ``event_id`` names the view and the reason, so
+    a resubmission after a validation error is a new event but a redelivery is not.
+    """
+    user = _obj(payload, "user")
+    user_id = _str(user, "id")
+    view = _obj(payload, "view")
+    view_id = _str(view, "id")
+    if user_id is None or view_id is None or view.get("callback_id") != REJECT_MODAL_CALLBACK_ID:
+        return None
+    try:
+        metadata = json.loads(_str(view, "private_metadata") or "")
+    except ValueError:
+        return None
+    request_id = _str(metadata, "request_id") if isinstance(metadata, Mapping) else None
+    if request_id is None:
+        return None
+    values = _obj(_obj(view, "state"), "values")
+    raw_reason = _obj(_obj(values, REASON_BLOCK_ID), REASON_ACTION_ID).get("value")
+    reason = raw_reason.strip() if isinstance(raw_reason, str) and raw_reason.strip() else None
+    identity = _identity(payload, user)
+    _put(identity, "view_id", view_id)
+    _put(identity, "channel_id", _str(metadata, "channel_id"))
+    reason_digest = hashlib.sha256((reason or "").encode()).hexdigest()[:16]
+    return Click(
+        request_id=request_id,
+        verdict=Verdict.REJECT,
+        user_id=user_id,
+        user_name=_user_name(user),
+        reason=reason,
+        event_id=f"{view_id}:{reason_digest}",
+        identity=identity,
+    )
+
+
+def _identity(payload: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, str]:
+    team = _obj(payload, "team")
+    enterprise = _obj(payload, "enterprise")
+    identity: dict[str, str] = {}
+    _put(identity, "user_id", _str(user, "id"))
+    _put(identity, "username", _str(user, "username"))
+    # Org-wide installs send ``team: null``; the user's own team is then the best we have.
+    _put(identity, "team_id", _str(team, "id") or _str(user, "team_id"))
+    _put(identity, "enterprise_id", _str(enterprise, "id") or _str(team, "enterprise_id"))
+    return identity
+
+
+def _user_name(user: Mapping[str, Any]) -> str | None:
+    return _str(user, "name") or _str(user, "username")
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise CallbackRejected("payload is not JSON", status_code=400) from None
+
+
+def _obj(data: Any, key: str) -> Mapping[str, Any]:
+    value = data.get(key) if isinstance(data, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _str(data: Any, key: str) -> str | None:
+    value = data.get(key) if isinstance(data, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _put(target: dict[str, str], key: str, value: str | None) -> None:
+    if value is not None:
+        target[key] = value

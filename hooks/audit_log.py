@@ -1,0 +1,48 @@
+"""``audit_log``: record every call of matching tools, and its outcome, in the audit log."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field
+
+from hooks._contract import HookContext, HookResult
+from hooks._filter import ToolFilter
+
+__all__ = ["AuditLog"]
+
+
+class AuditLog(ToolFilter):
+    type: Literal["audit_log"] = "audit_log"
+    result_chars: int = Field(default=500, ge=0)
+    """How much of the result to keep in the event (0: only its size)."""
+    priority: int = 0
+    """Runs first, so it records the result as the tool returned it."""
+
+    def matches(self, ctx: HookContext) -> bool:
+        return self.matches_tool(ctx.tool_name)
+
+    async def after_tool_use(self, ctx: HookContext) -> HookResult:
+        if ctx.services is None:
+            return HookResult.deny(f"{self.label} has no audit log to write to")
+        text = (
+            ctx.result
+            if isinstance(ctx.result, str)
+            else json.dumps(ctx.result, ensure_ascii=False, default=str)
+        )
+        await ctx.services.record(
+            ctx,
+            "tool_call",
+            {
+                "tool": ctx.tool_name,
+                "arguments": dict(ctx.arguments),
+                "user_id": ctx.user_id,
+                "session_id": ctx.session_id,
+                "tool_call_id": ctx.tool_call_id,
+                "error": ctx.metadata.get("error"),
+                "result_chars": len(text),
+                "result": text[: self.result_chars],
+            },
+        )
+        return HookResult.allow(side_effects=("recorded",))

@@ -1,0 +1,36 @@
+"""``result_truncate``: cut oversized tool results before the model sees them."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field
+
+from hooks._contract import HookContext, HookResult
+from hooks._filter import ToolFilter
+
+__all__ = ["ResultTruncate"]
+
+
+class ResultTruncate(ToolFilter):
+    type: Literal["result_truncate"] = "result_truncate"
+    max_chars: int = Field(default=8000, ge=1)
+    marker: str = "\n…[truncated {dropped} of {total} characters]"
+
+    def matches(self, ctx: HookContext) -> bool:
+        return self.matches_tool(ctx.tool_name)
+
+    async def after_tool_use(self, ctx: HookContext) -> HookResult:
+        text = (
+            ctx.result
+            if isinstance(ctx.result, str)
+            else json.dumps(ctx.result, ensure_ascii=False, default=str)
+        )
+        if len(text) <= self.max_chars:
+            return HookResult.allow()
+        kept = text[: self.max_chars]
+        marker = self.marker.format(dropped=len(text) - self.max_chars, total=len(text))
+        return HookResult.allow(
+            modified_result=kept + marker, side_effects=(f"truncated {len(text)} → {self.max_chars}",)
+        )

@@ -1,0 +1,37 @@
+"""Fixtures for channel tests: a fake Slack Web API on loopback and a channel wired to it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # slack-sdk routes every call through HTTP(S)_PROXY when set, loopback included.
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.close()
+
+
+@pytest.fixture
+def slack_config_data(fake_slack: FakeSlack) -> dict[str, str]:
+    return {
+        "type": "slack",
+        "bot_token": BOT_TOKEN,
+        "signing_secret": "test-signing-secret",
+        "channel": CHANNEL,
+        "base_url": fake_slack.base_url,
+    }

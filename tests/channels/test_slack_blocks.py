@@ -1,0 +1,205 @@
+"""render_card and the rejection modal: content, Block Kit limits, escaping."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import pytest
+from slack_sdk.models.blocks import Block
+from slack_sdk.models.views import View
+
+from channels import Person
+from channels.slack import ACTION_APPROVE, ACTION_REJECT, REASON_BLOCK_ID, render_card, render_reject_modal
+from channels.slack._blocks import reason_required_by
+from tests.channels.slack_support import NOW, card, decided
+
+
+def valid(blocks: list[dict[str, Any]]) -> None:
+    """slack-sdk's models enforce Block Kit's documented limits."""
+    for block in blocks:
+        parsed = Block.parse(block)
+        assert parsed is not None, block
+        parsed.validate_json()
+
+
+def of_type(blocks: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [b for b in blocks if b["type"] == kind]
+
+
+def all_text(blocks: list[dict[str, Any]]) -> str:
+    return json.dumps(blocks, ensure_ascii=False)
+
+
+def test_pending_card_shows_the_request_and_two_buttons() -> None:
+    text, blocks = render_card(replace(card(quorum=2), approvals=(Person("Ana", "U0ANA"),)))
+
+    valid(blocks)
+    assert text == "Approval needed: deploy-bot wants to run shell.exec"
+    fields = [f["text"] for f in of_type(blocks, "section")[0]["fields"]]
+    assert fields[:3] == ["*Agent*\n`deploy-bot`", "*Tool*\n`shell.exec`", "*On behalf of*\n<@U0CY>"]
+    expires = NOW + 30 * 60
+    assert f"*Expires*\n<!date^{expires}^{{date_short_pretty}} at {{time}}|2023-11-14 22:43 UTC>" in fields
+    assert "*Approvers*\n<@U0ANA>, <@U0BO>" in fields
+    assert "*Approvals*\n1 of 2: <@U0ANA>" in fields
+    assert '"cmd": "systemctl restart api"' in of_type(blocks, "section")[1]["text"]["text"]
+
+    [actions] = of_type(blocks, "actions")
+    approve, reject = actions["elements"]
+    assert (approve["action_id"], approve["style"], approve["value"]) == (ACTION_APPROVE, "primary", "req-1")
+    assert (reject["action_id"], reject["style"], reject["value"]) == (ACTION_REJECT, "danger", "req-1")
+    assert "confirm" not in approve
+    assert reject["confirm"]["style"] == "danger"
+    assert reject["confirm"]["confirm"]["text"] == "Reject"
+
+
+def test_empty_approver_list_means_anyone() -> None:
+    _, blocks = render_card(replace(card(), approvers=()))
+
+    assert "*Approvers*\nAnyone in this channel" in all_text(blocks).replace("\\n", "\n")
+
+
+@pytest.mark.parametrize(
+    ("status", "icon", "word"),
+    [("approved", "✅", "Approved"), ("rejected", "❌", "Rejected"), ("cancelled", "🚫", "Cancelled")],
+)
+def test_decided_card_has_outcome_and_no_buttons(status: str, icon: str, word: str) -> None:
+    pending_blocks = render_card(card())[1]
+    text, blocks = render_card(decided(card(), status, reason="too risky on a Friday"))
+
+    valid(blocks)
+    assert not of_type(blocks, "actions")
+    assert text == f"{word}: deploy-bot wanted to run shell.exec (by Ana)"
+    outcome = of_type(blocks, "section")[2]["text"]["text"]
+    decided_at = NOW + 5 * 60
+    assert outcome.startswith(f"{icon} *{word}* by <@U0ANA> · <!date^{decided_at}^")
+    assert outcome.endswith("\n*Reason:* too risky on a Friday")
+    assert blocks[0]["text"]["text"] == f"{icon} {word}: shell.exec"
+    # Slack asks for fresh block ids each time a message is updated.
+    assert not {b["block_id"] for b in blocks} & {b["block_id"] for b in pending_blocks}
+
+
+def test_expired_card_without_a_decider() -> None:
+    expired = replace(card(), status="expired", decided_at=card().expires_at)
+    text, blocks = render_card(expired)
+
+    valid(blocks)
+    assert not of_type(blocks, "actions")
+    assert of_type(blocks, "section")[2]["text"]["text"].startswith("⌛ *Expired* · <!date^")
+    assert "*Expires*" not in all_text(blocks)
+    assert text.startswith("Expired:")
+
+
+def test_user_text_cannot_ping_or_link() -> None:
+    hostile = replace(
+        card(arguments={"msg": "<!channel> see <https://evil.example|docs> & <@U0BOSS>"}),
+        agent_id="<!here>",
+        tool_name="a&b",
+        requester=Person("<!everyone>"),
+    )
+    text, blocks = render_card(hostile)
+
+    rendered = text + all_text(blocks)
+    for raw in ("<!channel>", "<!here>", "<!everyone>", "<https://", "<@U0BOSS>"):
+        assert raw not in rendered
+    assert "&lt;!channel&gt;" in rendered
+    assert "a&amp;b" in rendered
+    # Mentions we render ourselves survive.
+    assert "<@U0ANA>" in rendered
+
+
+def test_person_id_that_is_not_a_slack_id_is_shown_as_a_name() -> None:
+    _, blocks = render_card(replace(card(), requester=Person("Eve", "U1>|<!channel")))
+
+    assert "*On behalf of*\\nEve" in all_text(blocks)
+
+
+def test_huge_arguments_are_clipped_within_section_limit() -> None:
+    _, blocks = render_card(card(arguments={"blob": "x" * 100_000, "tail": "never shown"}))
+
+    valid(blocks)
+    args = of_type(blocks, "section")[1]["text"]["text"]
+    assert len(args) <= 3000
+    assert args.endswith("…\n```")
+    assert "never shown" not in args
+
+
+def test_clipping_never_splits_an_escape() -> None:
+    _, blocks = render_card(card(arguments={"amp": "&" * 5000}))
+
+    args = of_type(blocks, "section")[1]["text"]["text"]
+    assert len(args) <= 3000
+    assert re.search(r"&(?!amp;|lt;|gt;)", args) is None
+
+
+def test_backticks_in_arguments_do_not_close_the_code_block() -> None:
+    _, blocks = render_card(card(arguments={"cmd": "echo ```; echo ``` done"}))
+
+    assert of_type(blocks, "section")[1]["text"]["text"].count("```") == 2
+
+
+def test_non_json_values_are_shown_as_text() -> None:
+    moment = datetime(2024, 1, 2, 3, 4, 5)
+    _, blocks = render_card(card(arguments={"when": moment}))
+
+    assert '"when": "2024-01-02 03:04:05"' in of_type(blocks, "section")[1]["text"]["text"]
+
+
+def test_no_arguments() -> None:
+    _, blocks = render_card(card(arguments={}))
+
+    assert of_type(blocks, "section")[1]["text"]["text"] == "*Arguments*\n_none_"
+
+
+def test_long_names_and_many_people_stay_within_limits() -> None:
+    crowd = tuple(Person(f"P{i}", f"U{i:08d}") for i in range(500))
+    big = replace(
+        card(quorum=400),
+        tool_name="t" * 1000,
+        agent_id="a" * 1000,
+        approvers=crowd,
+        approvals=crowd[:300],
+    )
+    text, blocks = render_card(big)
+
+    valid(blocks)
+    assert len(text) <= 4000
+    assert len(blocks[0]["text"]["text"]) <= 150
+    fields = [f["text"] for f in of_type(blocks, "section")[0]["fields"]]
+    approvers = next(f for f in fields if f.startswith("*Approvers*"))
+    assert len(approvers) <= 2000
+    assert re.search(r"<@U\d{8}> and \d+ more$", approvers)
+    assert all(len(f) <= 2000 for f in fields)
+
+
+def test_naive_datetimes_are_read_as_utc() -> None:
+    aware = render_card(card())[1]
+    naive_card = replace(
+        card(),
+        created_at=card().created_at.replace(tzinfo=None),
+        expires_at=card().expires_at.replace(tzinfo=None),
+    )
+
+    assert render_card(naive_card)[1] == aware
+
+
+def test_reason_requirement_travels_in_the_actions_block_id() -> None:
+    optional = of_type(render_card(card())[1], "actions")[0]["block_id"]
+    required = of_type(render_card(card(require_reject_reason=True))[1], "actions")[0]["block_id"]
+
+    assert not reason_required_by(optional)
+    assert reason_required_by(required)
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_reject_modal(required: bool) -> None:
+    view = render_reject_modal("req-1", reason_required=required, channel_id="C0SIGNOFF")
+
+    View(**view).validate_json()
+    assert json.loads(view["private_metadata"]) == {"request_id": "req-1", "channel_id": "C0SIGNOFF"}
+    [reason] = [b for b in view["blocks"] if b.get("block_id") == REASON_BLOCK_ID]
+    assert reason["optional"] is not required
+    assert reason["element"]["type"] == "plain_text_input"
