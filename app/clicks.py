@@ -30,7 +30,8 @@ class ClickService:
             channel=channel,
             channel_type=kind,
             user_id=click.user_id,
-            name=click.user_name or (self._config.display_name(person) if person else None),
+            # The directory name for people it knows; the platform's name for everyone else.
+            name=self._config.display_name(person) if person else click.user_name,
             person=person,
             identity={**click.identity, **({"event_id": click.event_id} if click.event_id else {})},
         )

@@ -1,0 +1,190 @@
+"""Slack end to end: the real server, slack-sdk against a fake Web API, signed callbacks through
+``POST /callbacks/slack/{channel}``, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlmodel import col, select
+
+from app.config import parse_config
+from app.models import AuditEvent, Vote
+from app.runtime import Runtime
+from app.settings import Settings
+from channels.slack import ACTION_APPROVE, ACTION_REJECT
+from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
+from tests.channels.slack_support import SECRET, button_payload, form_body, signed, submission_payload
+from tests.conftest import DEFAULT_CONFIG, Server
+
+NAME = "ops-slack"
+
+
+@pytest.fixture
+async def slack_server(
+    fake_slack: FakeSlack, settings: Settings
+) -> AsyncIterator[tuple[Server, httpx.AsyncClient]]:
+    raw: dict[str, Any] = json.loads(json.dumps(DEFAULT_CONFIG))
+    raw["channels"][NAME] = {
+        "type": "slack",
+        "bot_token": BOT_TOKEN,
+        "signing_secret": SECRET,
+        "channel": CHANNEL,
+        "base_url": fake_slack.base_url,
+    }
+    raw["people"]["alice"]["slack"] = "W0ALICE"
+    raw["people"]["bob"]["slack"] = "W0BOB"
+    raw["people"]["carol"]["slack"] = "W0CAROL"
+    for hook in raw["agents"]["finance-bot"]["hooks"]:
+        hook["channel"] = NAME
+    runtime = Runtime.create(settings, parse_config(raw))
+    try:
+        async with (
+            Server(runtime, background=True) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+        ):
+            yield server, http
+    finally:
+        await runtime.aclose()
+
+
+async def eventually(check: Any, timeout: float = 10) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (value := check()):
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+    return value
+
+
+def click(action: str, request_id: str, user: str) -> tuple[bytes, dict[str, str]]:
+    payload = button_payload(action, request_id=request_id)
+    payload["user"]["id"] = user
+    payload["actions"][0]["action_ts"] = f"{time.time():.6f}"
+    body = form_body(payload)
+    return body, signed(body, timestamp=int(time.time()))
+
+
+def has_buttons(blocks: Any) -> bool:
+    blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+    return any(b.get("type") == "actions" for b in blocks)
+
+
+async def test_two_approvals_decide_and_every_card_shows_it(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    server, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = (
+        await http.post(
+            "/v1/hooks/pre-tool-use",
+            json={"tool_name": "wire_money", "arguments": {"to": "x"}},
+            headers=agent,
+        )
+    ).json()["request_id"]
+    [post] = await eventually(lambda: fake_slack.calls_to("chat.postMessage"))
+    assert has_buttons(post.args["blocks"])
+    assert rid in json.dumps(post.args["blocks"])
+    assert post.args["text"]  # a text fallback is always sent
+
+    waiter = asyncio.create_task(http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=agent))
+    body, headers = click(ACTION_APPROVE, rid, "W0ALICE")
+    first = await http.post(f"/callbacks/slack/{NAME}", content=body, headers=headers)
+    assert first.status_code == 200
+    body, headers = click(ACTION_APPROVE, rid, "W0ALICE")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=body, headers=headers)).status_code == 200
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] == "pending"
+    assert state["approvals"] == 1  # a double click is one vote
+    await eventually(lambda: fake_slack.calls_to("chat.update"))  # the card shows the progress
+
+    body, headers = click(ACTION_APPROVE, rid, "W0BOB")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=body, headers=headers)).status_code == 200
+    done = (await asyncio.wait_for(waiter, 10)).json()
+    assert done["status"] == "approved"
+    assert done["decided_by"]["user_id"] == "W0BOB"
+
+    def final_update() -> Any:
+        updates = fake_slack.calls_to("chat.update")
+        return updates and not has_buttons(updates[-1].args["blocks"]) and updates
+
+    updates = await eventually(final_update)
+    assert updates[-1].args["channel"] == CHANNEL
+    async with server.runtime.sessions() as s:
+        votes = (await s.exec(select(Vote).where(col(Vote.request_id) == rid))).all()
+    assert sorted(v.voter for v in votes) == ["alice", "bob"]
+    assert all(v.identity.get("team_id") for v in votes)
+
+
+async def test_non_approvers_are_told_and_nothing_changes(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    server, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = (
+        await http.post(
+            "/v1/hooks/pre-tool-use", json={"tool_name": "wire_money", "arguments": {}}, headers=agent
+        )
+    ).json()["request_id"]
+    body, headers = click(ACTION_APPROVE, rid, "W0MALLORY")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=body, headers=headers)).status_code == 200
+    [note] = await eventually(lambda: fake_slack.calls_to("chat.postEphemeral"))
+    assert note.args["user"] == "W0MALLORY"
+    assert "not an approver" in note.args["text"]
+
+    forged = await http.post(
+        f"/callbacks/slack/{NAME}", content=body, headers={**headers, "X-Slack-Signature": "v0=00"}
+    )
+    assert forged.status_code == 401
+    stale_body, _ = click(ACTION_APPROVE, rid, "W0ALICE")
+    stale = await http.post(
+        f"/callbacks/slack/{NAME}",
+        content=stale_body,
+        headers=signed(stale_body, timestamp=int(time.time()) - 600),
+    )
+    assert stale.status_code == 401
+
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] == "pending"
+    assert state["votes"] == []
+    async with server.runtime.sessions() as s:
+        actions = (await s.exec(select(AuditEvent.action))).all()
+    assert actions.count("callback_rejected") == 2
+    assert "vote_refused" in actions
+
+
+async def test_reject_asks_for_a_reason_that_reaches_the_agent(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    server, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    call = {"tool_name": "wire_money", "arguments": {}, "idempotency_key": "wire-1"}
+    rid = (await http.post("/v1/hooks/pre-tool-use", json=call, headers=agent)).json()["request_id"]
+    body, headers = click(ACTION_REJECT, rid, "W0CAROL")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=body, headers=headers)).status_code == 200
+    [opened] = fake_slack.calls_to("views.open")  # opened before the acknowledgement
+    assert opened.args["trigger_id"]
+
+    empty = submission_payload(None, request_id=rid)
+    empty["user"]["id"] = "W0CAROL"
+    b = form_body(empty)
+    refused = await http.post(
+        f"/callbacks/slack/{NAME}", content=b, headers=signed(b, timestamp=int(time.time()))
+    )
+    assert refused.json()["response_action"] == "errors"  # this gate requires a reason
+
+    with_reason = submission_payload("wrong account", request_id=rid)
+    with_reason["user"]["id"] = "W0CAROL"
+    b = form_body(with_reason)
+    ok = await http.post(f"/callbacks/slack/{NAME}", content=b, headers=signed(b, timestamp=int(time.time())))
+    assert ok.json() == {"response_action": "clear"}
+    replay = (await http.post("/v1/hooks/pre-tool-use", json=call, headers=agent)).json()
+    assert replay["decision"] == "deny"
+    assert "wrong account" in replay["reason"]
+    assert "Carol" in replay["reason"]
