@@ -162,7 +162,7 @@ async def test_non_approvers_are_told_and_nothing_changes(
 async def test_reject_asks_for_a_reason_that_reaches_the_agent(
     fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
 ) -> None:
-    server, http = slack_server
+    _, http = slack_server
     agent = {"Authorization": f"Bearer {agent_key}"}
     call = {"tool_name": "wire_money", "arguments": {}, "idempotency_key": "wire-1"}
     rid = (await http.post("/v1/hooks/pre-tool-use", json=call, headers=agent)).json()["request_id"]
