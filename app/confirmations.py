@@ -54,6 +54,8 @@ ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
 TERMINAL = frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if not targets)
 
 DECIDED_KEY = "signoff.decided"
+NOTIFY_CHANNEL = "signoff_decided"
+NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
 OUTBOX_KEY = "signoff.outbox"
 REDACTED = "[redacted]"
 
@@ -83,8 +85,16 @@ async def get_request(
     return (await session.exec(stmt)).one_or_none()
 
 
-def _mark_decided(session: AsyncSession, request_ids: Sequence[str]) -> None:
+async def _mark_decided(session: AsyncSession, request_ids: Sequence[str]) -> None:
+    """Wake waiters once this transaction commits: in this process, and on PostgreSQL in every
+    process listening (NOTIFY is delivered at commit, and never if the transaction rolls back)."""
+    if not request_ids:
+        return
     session.sync_session.info.setdefault(DECIDED_KEY, set()).update(request_ids)
+    if session.sync_session.get_bind().dialect.name == "postgresql":
+        for i in range(0, len(request_ids), NOTIFY_BATCH):
+            payload = ",".join(request_ids[i : i + NOTIFY_BATCH])
+            await session.exec(select(sa.func.pg_notify(NOTIFY_CHANNEL, payload)))
 
 
 async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
@@ -139,7 +149,7 @@ async def transition(
         return False
     await audit.append(session, target.value, actor=actor, request_id=request_id, detail={"reason": reason})
     await _queue_update(session, request_id, row[0])
-    _mark_decided(session, [request_id])
+    await _mark_decided(session, [request_id])
     return True
 
 
@@ -185,7 +195,7 @@ async def expire_overdue(
             detail={"reason": "no decision before the deadline"},
         )
         await _queue_update(session, rid, channel)
-    _mark_decided(session, [rid for rid, _ in expired])
+    await _mark_decided(session, [rid for rid, _ in expired])
     return [rid for rid, _ in expired]
 
 

@@ -11,15 +11,17 @@ from contextlib import asynccontextmanager
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.confirmations import expire_overdue
-from app.db import transaction
+from app.confirmations import NOTIFY_CHANNEL, expire_overdue
+from app.db import is_sqlite, transaction
 from app.outbox import Dispatcher
 from app.routers import admin, agent, callbacks, ops
 from app.runtime import Runtime
 from app.settings import Settings, get_settings
+from app.waiters import listen_for_decisions
 from channels import InteractiveChannel
 
 __all__ = ["create_app"]
@@ -134,6 +136,12 @@ def create_app(
                     name="wake-poller",
                 )
             )
+            if not is_sqlite(settings.database_url):
+                dsn = make_url(settings.database_url).set(drivername="postgresql")
+                listener = listen_for_decisions(
+                    dsn.render_as_string(hide_password=False), rt.hub, NOTIFY_CHANNEL
+                )
+                tasks.append(asyncio.create_task(listener, name="decision-listener"))
             await sweep(rt)
         try:
             yield

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-__all__ = ["Hub"]
+__all__ = ["Hub", "listen_for_decisions"]
+
+log = logging.getLogger("signoff.waiters")
 
 RecentlyDecided = Callable[[datetime], Coroutine[Any, Any, list[tuple[str, datetime]]]]
 
@@ -58,3 +61,35 @@ class Hub:
             since = datetime.now().astimezone() - timedelta(seconds=overlap)
             with contextlib.suppress(Exception):
                 self.notify(rid for rid, _ in await recently_decided(since))
+
+
+async def listen_for_decisions(dsn: str, hub: Hub, channel: str, *, retry_seconds: float = 1.0) -> None:
+    """PostgreSQL only: wake waiters on every replica as decisions commit (runs until cancelled).
+
+    One connection per process LISTENs; while it is down (database restart) the
+    poller in :meth:`Hub.poll_other_processes` still wakes waiters within seconds.
+    """
+    import asyncpg
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        hub.notify(payload.split(","))
+
+    while True:
+        conn = None
+        try:
+            conn = await asyncpg.connect(dsn)
+            await conn.add_listener(channel, on_notify)
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+            log.info("listening for decisions on %s", channel)
+            await lost.wait()
+            log.warning("lost the LISTEN connection; reconnecting")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("cannot LISTEN for decisions (%s); retrying", type(exc).__name__)
+        finally:
+            if conn is not None and not conn.is_closed():
+                with contextlib.suppress(Exception):
+                    await conn.close(timeout=2)
+        await asyncio.sleep(retry_seconds)

@@ -1,0 +1,183 @@
+"""Two real ``signoff serve`` processes on one PostgreSQL database behave as one service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlmodel import col, select
+
+from app.audit import Actor
+from app.db import create_engine, sessionmaker, transaction
+from app.keys import create_key
+from app.models import AuditEvent
+from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
+from tests.channels.slack_support import SECRET
+from tests.conftest import ADMIN_TOKEN, _truncate, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = """
+channels:
+  ops-slack:
+    type: slack
+    bot_token: {bot_token}
+    signing_secret: {secret}
+    channel: {channel}
+    base_url: {base_url}
+people:
+  alice: {{name: Alice, web: alice, slack: W0ALICE}}
+agents:
+  finance-bot:
+    hooks:
+      - type: confirmation_gate
+        tools: ["pay_*"]
+        channel: ops-slack
+        approvers: [alice]
+        timeout: 30m
+      - type: confirmation_gate
+        tools: ["quick_*"]
+        channel: ops-slack
+        timeout: 1s
+"""
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> str:
+    _truncate(postgres_url)
+    return postgres_url
+
+
+@pytest.fixture
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.close()
+
+
+@contextlib.contextmanager
+def replica(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--no-migrate"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+async def ready(url: str) -> None:
+    async with httpx.AsyncClient() as http:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(f"{url}/readyz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} did not become ready")
+
+
+@pytest.fixture
+async def replicas(pg: str, fake_slack: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[str, str, str]]:
+    config = tmp_path / "signoff.yaml"
+    config.write_text(
+        CONFIG.format(bot_token=BOT_TOKEN, secret=SECRET, channel=CHANNEL, base_url=fake_slack.base_url)
+    )
+    env = {
+        **os.environ,
+        "SIGNOFF_DATABASE_URL": pg,
+        "SIGNOFF_CONFIG": str(config),
+        "SIGNOFF_ADMIN_TOKEN": ADMIN_TOKEN,
+        # Long enough that only LISTEN/NOTIFY can wake a waiter in time.
+        "SIGNOFF_CROSS_PROCESS_POLL_SECONDS": "30",
+    }
+    engine = create_engine(pg)
+    async with transaction(sessionmaker(engine)) as s:
+        _, key = await create_key(s, "finance-bot", actor=Actor("test"))
+    await engine.dispose()
+    with (
+        replica(env, free_port(), tmp_path / "a.log") as a,
+        replica(env, free_port(), tmp_path / "b.log") as b,
+    ):
+        await asyncio.gather(ready(a), ready(b))
+        yield a, b, key
+
+
+async def test_a_decision_on_one_replica_wakes_a_waiter_on_the_other(replicas: tuple[str, str, str]) -> None:
+    a, b, key = replicas
+    agent = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        rid = (
+            await http.post(
+                f"{a}/v1/hooks/pre-tool-use", json={"tool_name": "pay_x", "arguments": {}}, headers=agent
+            )
+        ).json()["request_id"]
+        waiter = asyncio.create_task(
+            http.get(f"{b}/v1/requests/{rid}/wait", params={"timeout": 25}, headers=agent)
+        )
+        await asyncio.sleep(0.3)
+        assert not waiter.done()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        decided = await http.post(
+            f"{a}/v1/admin/requests/{rid}/decision",
+            json={"verdict": "approve", "operator": "alice"},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+        assert decided.status_code == 200
+        result = await asyncio.wait_for(waiter, 20)
+        elapsed = loop.time() - started
+    assert result.json()["status"] == "approved"
+    assert elapsed < 5, f"woken after {elapsed:.2f}s: NOTIFY did not arrive (the fallback poll is 30 s)"
+
+
+async def test_each_card_is_posted_once_and_the_sweep_expires_once(
+    replicas: tuple[str, str, str], fake_slack: FakeSlack, pg: str
+) -> None:
+    a, b, key = replicas
+    agent = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        ids = []
+        for i in range(20):
+            url = a if i % 2 else b
+            body = {"tool_name": "quick_op", "arguments": {"n": i}}
+            ids.append(
+                (await http.post(f"{url}/v1/hooks/pre-tool-use", json=body, headers=agent)).json()[
+                    "request_id"
+                ]
+            )
+        # Both replicas' dispatchers and sweeps run; wait for every card and every expiry.
+        for _ in range(200):
+            posted = [c for c in fake_slack.calls_to("chat.postMessage")]
+            states = [
+                (await http.get(f"{a}/v1/requests/{rid}", headers=agent)).json()["status"] for rid in ids
+            ]
+            if len(posted) >= len(ids) and all(s == "expired" for s in states):
+                break
+            await asyncio.sleep(0.1)
+    assert all(s == "expired" for s in states), states
+    texts = [str(c.args.get("blocks")) for c in fake_slack.calls_to("chat.postMessage")]
+    per_request = {rid: sum(rid in t for t in texts) for rid in ids}
+    assert per_request == dict.fromkeys(ids, 1), per_request
+
+    engine = create_engine(pg)
+    async with sessionmaker(engine)() as s:
+        expired = (
+            await s.exec(select(AuditEvent.request_id).where(col(AuditEvent.action) == "expired"))
+        ).all()
+    await engine.dispose()
+    assert sorted(expired) == sorted(ids), "each request expired exactly once across both sweeps"
