@@ -81,6 +81,7 @@ def serve(
     """Apply the migrations, then serve the API."""
     import uvicorn
 
+    from app.logs import configure_logging
     from app.main import create_app
 
     settings = _settings()
@@ -89,13 +90,15 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"error: the configuration is invalid:\n{exc}", err=True)
         raise typer.Exit(2) from None
+    configure_logging(settings.log_format, settings.log_level)
     if migrate_first and settings.migrate_on_start:
         migrate(settings.database_url)
     uvicorn.run(
         create_app(settings=settings),
         host=host or settings.host,
         port=port or settings.port,
-        log_level="info",
+        log_config=None,  # keep the logging configured above
+        log_level=settings.log_level.lower(),
         access_log=False,
         # Long-polls are re-attached by clients; do not hold a restart for them.
         timeout_graceful_shutdown=3,

@@ -25,6 +25,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app import audit
 from app.audit import Actor
 from app.config import SignoffConfig
+from app.metrics import DECISION_SECONDS, DECISIONS
 from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
 from channels import Card, Person, Verdict
 from hooks import Decision, HookContext, HookResult
@@ -85,6 +86,11 @@ async def get_request(
     return (await session.exec(stmt)).one_or_none()
 
 
+def _observe(status: Status, now: datetime, created_at: datetime) -> None:
+    DECISIONS.labels(status.value).inc()
+    DECISION_SECONDS.labels(status.value).observe(max(0.0, (now - created_at).total_seconds()))
+
+
 async def _mark_decided(session: AsyncSession, request_ids: Sequence[str]) -> None:
     """Wake waiters once this transaction commits: in this process, and on PostgreSQL in every
     process listening (NOTIFY is delivered at commit, and never if the transaction rolls back)."""
@@ -141,12 +147,13 @@ async def transition(
             decided_by_user_id=actor.id,
             decided_by_name=actor.name,
         )
-        .returning(col(ConfirmationRequest.channel))
+        .returning(col(ConfirmationRequest.channel), col(ConfirmationRequest.created_at))
         .execution_options(synchronize_session=False)
     )
     row = result.first()
     if row is None:
         return False
+    _observe(target, now, row[1])
     await audit.append(session, target.value, actor=actor, request_id=request_id, detail={"reason": reason})
     await _queue_update(session, request_id, row[0])
     await _mark_decided(session, [request_id])
@@ -181,10 +188,16 @@ async def expire_overdue(
                 decided_by_user_id="expiry",
                 decided_by_name=None,
             )
-            .returning(col(ConfirmationRequest.id), col(ConfirmationRequest.channel))
+            .returning(
+                col(ConfirmationRequest.id),
+                col(ConfirmationRequest.channel),
+                col(ConfirmationRequest.created_at),
+            )
             .execution_options(synchronize_session=False)
         )
     ).all()
+    for r in rows:
+        _observe(Status.EXPIRED, now, r[2])
     expired = sorted((str(r[0]), str(r[1])) for r in rows)
     for rid, channel in expired:
         await audit.append(

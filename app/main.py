@@ -13,10 +13,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.confirmations import NOTIFY_CHANNEL, expire_overdue
 from app.db import is_sqlite, transaction
+from app.logs import RequestId
 from app.outbox import Dispatcher
 from app.routers import admin, agent, callbacks, ops
 from app.runtime import Runtime
@@ -169,10 +171,15 @@ def create_app(
     app.include_router(callbacks.router)
     app.include_router(ops.router)
 
-    @app.exception_handler(DBAPIError)
-    async def database_unavailable(request: Request, exc: DBAPIError) -> JSONResponse:
-        log.error("database error on %s: %s", request.url.path, exc)
+    async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.error("database unavailable on %s: %s: %s", request.url.path, type(exc).__name__, exc)
         return JSONResponse({"detail": "the database is unavailable; try again"}, 503)
 
+    # A driver error, a refused connection or an exhausted pool: the agent is told to retry
+    # (its client denies meanwhile), never handed a 500.
+    for kind in (DBAPIError, OSError, PoolTimeout):
+        app.add_exception_handler(kind, database_unavailable)
+
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RequestId)
     return app

@@ -24,6 +24,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.audit import Actor
 from app.config import SignoffConfig
 from app.confirmations import build_card, get_request, transition, votes_for
+from app.metrics import DELIVERIES
 from app.models import Delivery, OutboxStatus, Status, utcnow
 from channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
 
@@ -157,6 +158,7 @@ class Dispatcher:
                     delivery_id, d.attempts, "waiting for the card to be posted", 1.0, count=False
                 )
             return
+        result = "sent"
         try:
             if d.kind == "post":
                 ref = await channel.post(card)
@@ -167,15 +169,20 @@ class Dispatcher:
                 await channel.update(post_ref, card)
                 await self._finish(delivery_id)
         except RetryableDeliveryError as exc:
+            result = "retry"
             if d.attempts + 1 >= MAX_ATTEMPTS:
+                result = "failed"
                 await self._give_up(d, exc)
             else:
                 await self._retry(delivery_id, d.attempts, exc.reason, backoff(d.attempts, exc.retry_after))
         except PermanentDeliveryError as exc:
+            result = "failed"
             await self._give_up(d, exc)
         except Exception as exc:  # an unexpected channel bug is treated as transient
+            result = "retry"
             log.exception("channel %s raised", d.channel)
             await self._retry(delivery_id, d.attempts, f"{type(exc).__name__}: {exc}", backoff(d.attempts))
+        DELIVERIES.labels(d.channel, d.kind, result).inc()
 
     async def _finish(
         self, delivery_id: int, *, ref: dict[str, str] | None = None, failed: str | None = None

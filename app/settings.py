@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,6 +24,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     migrate_on_start: bool = True
+    log_format: Literal["json", "text"] = "json"
+    log_level: str = "INFO"
 
     max_body_bytes: int = 64 * 1024
     max_argument_depth: int = 32

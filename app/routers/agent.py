@@ -12,6 +12,7 @@ from app.audit import Actor
 from app.confirmations import TERMINAL, get_request, transition, votes_for
 from app.deps import AgentDep, RuntimeDep, SessionDep
 from app.hook_services import ServerHookServices
+from app.metrics import GATE_CALLS
 from app.models import ConfirmationRequest, Status
 from app.runtime import Runtime
 from app.schemas import (
@@ -87,6 +88,8 @@ async def run_pre_tool_use(
     )
     result = await registry.run_pre_tool_use(ctx)
     made = services.approvals.request
+    gate_name = str(made.gate.get("name", "")) if made is not None else ""
+    GATE_CALLS.labels("pre_tool_use", agent, gate_name, result.decision.value).inc()
     request = None
     if made is not None and result.request_id == made.id:
         request = RequestOut.of(made, await votes_for(session, made.id))
@@ -124,6 +127,7 @@ async def run_post_tool_use(
         services=ServerHookServices(session, runtime.config, agent),
     )
     result = await registry.run_post_tool_use(ctx)
+    GATE_CALLS.labels("post_tool_use", agent, "", result.decision.value).inc()
     modified = result.modified_result is not None
     return PostToolUseOut(
         decision="deny" if result.decision is Decision.DENY else "allow",
@@ -149,6 +153,7 @@ async def run_session_start(
         services=ServerHookServices(session, runtime.config, agent),
     )
     result = await registry.run_session_start(ctx)
+    GATE_CALLS.labels("session_start", agent, "", result.decision.value).inc()
     return SessionStartOut(
         decision="deny" if result.decision is Decision.DENY else "allow",
         reason=result.reason,

@@ -12,6 +12,7 @@ from app import audit
 from app.audit import Actor
 from app.db import transaction
 from app.deps import RuntimeDep
+from app.metrics import CALLBACK_REJECTIONS, reason_label
 from channels import CallbackRejected, InteractiveChannel
 
 router = APIRouter(prefix="/callbacks", tags=["callbacks"])
@@ -31,6 +32,7 @@ async def receive_callback(
         reply = await target.handle_callback(body, request.headers, runtime.clicks)
     except CallbackRejected as exc:
         log.warning("callback to %s refused: %s", channel, exc.reason)
+        CALLBACK_REJECTIONS.labels(channel, reason_label(exc.reason)).inc()
         async with transaction(runtime.sessions) as session:
             await audit.append(
                 session,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlmodel import col, select
 
+from app import metrics as m
 from app.deps import RuntimeDep
 from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status
 
@@ -31,7 +33,7 @@ async def readyz(runtime: RuntimeDep) -> JSONResponse:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(runtime: RuntimeDep) -> str:
+async def metrics(runtime: RuntimeDep) -> PlainTextResponse:
     """Prometheus text format."""
     async with runtime.reads() as session:
         by_status = (
@@ -39,29 +41,14 @@ async def metrics(runtime: RuntimeDep) -> str:
                 select(ConfirmationRequest.status, sa.func.count()).group_by(col(ConfirmationRequest.status))
             )
         ).all()
-        backlog = (
-            await session.exec(
-                select(sa.func.count())
-                .select_from(Delivery)
-                .where(col(Delivery.status) == OutboxStatus.PENDING)
-            )
-        ).one()
-        failed = (
-            await session.exec(
-                select(sa.func.count())
-                .select_from(Delivery)
-                .where(col(Delivery.status) == OutboxStatus.FAILED)
-            )
-        ).one()
+        by_outbox = (
+            await session.exec(select(Delivery.status, sa.func.count()).group_by(col(Delivery.status)))
+        ).all()
     counts = {str(s): int(n) for s, n in by_status}
-    lines = ["# TYPE signoff_requests gauge"]
-    lines += [f'signoff_requests{{status="{s.value}"}} {counts.get(s.value, 0)}' for s in Status]
-    lines += [
-        "# TYPE signoff_outbox_backlog gauge",
-        f"signoff_outbox_backlog {backlog}",
-        "# TYPE signoff_outbox_failed gauge",
-        f"signoff_outbox_failed {failed}",
-        "# TYPE signoff_waiters gauge",
-        f"signoff_waiters {runtime.hub.waiting}",
-    ]
-    return "\n".join(lines) + "\n"
+    for st in Status:
+        m.REQUESTS.labels(st.value).set(counts.get(st.value, 0))
+    outbox = {str(s): int(n) for s, n in by_outbox}
+    m.OUTBOX_BACKLOG.set(outbox.get(OutboxStatus.PENDING.value, 0))
+    m.OUTBOX_FAILED.set(outbox.get(OutboxStatus.FAILED.value, 0))
+    m.WAITERS.set(runtime.hub.waiting)
+    return PlainTextResponse(generate_latest(m.REGISTRY), media_type=CONTENT_TYPE_LATEST)

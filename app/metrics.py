@@ -1,0 +1,64 @@
+"""Prometheus metrics. Counters and histograms are per process; gauges read the database at scrape."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+__all__ = [
+    "CALLBACK_REJECTIONS",
+    "DECISIONS",
+    "DECISION_SECONDS",
+    "DELIVERIES",
+    "GATE_CALLS",
+    "OUTBOX_BACKLOG",
+    "OUTBOX_FAILED",
+    "REGISTRY",
+    "REQUESTS",
+    "WAITERS",
+    "reason_label",
+]
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+GATE_CALLS = Counter(
+    "signoff_gate_calls",
+    "Hook calls answered, by hook point, agent, gate and decision.",
+    ["point", "agent", "gate", "decision"],
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "signoff_decisions", "Requests that reached a terminal state, by status.", ["status"], registry=REGISTRY
+)
+DECISION_SECONDS = Histogram(
+    "signoff_decision_seconds",
+    "From a request's creation to its decision, by status.",
+    ["status"],
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 86400),
+    registry=REGISTRY,
+)
+DELIVERIES = Counter(
+    "signoff_deliveries",
+    "Card posts and updates attempted, by channel, kind and result.",
+    ["channel", "kind", "result"],
+    registry=REGISTRY,
+)
+CALLBACK_REJECTIONS = Counter(
+    "signoff_callback_rejections",
+    "Platform callbacks refused, by channel and reason.",
+    ["channel", "reason"],
+    registry=REGISTRY,
+)
+REQUESTS = Gauge("signoff_requests", "Requests in the database, by status.", ["status"], registry=REGISTRY)
+OUTBOX_BACKLOG = Gauge("signoff_outbox_backlog", "Card deliveries waiting to be sent.", registry=REGISTRY)
+OUTBOX_FAILED = Gauge("signoff_outbox_failed", "Card deliveries that gave up.", registry=REGISTRY)
+WAITERS = Gauge("signoff_waiters", "Agents long-polling on this process.", registry=REGISTRY)
+
+_NUMBERS = re.compile(r"\d+")
+
+
+def reason_label(reason: str) -> str:
+    """A bounded label from a free-text reason (numbers folded, length capped)."""
+    return _NUMBERS.sub("N", reason)[:60]
