@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi.responses import JSONResponse
 from sqlmodel import col, select
 
 from app import queries
@@ -71,7 +72,7 @@ async def read_request(request_id: str, session: SessionDep) -> AdminRequestOut:
 )
 async def decide_request(
     request_id: str, body: DecisionIn, runtime: RuntimeDep, session: SessionDep
-) -> AdminRequestOut:
+) -> AdminRequestOut | JSONResponse:
     """Approve or reject as a named operator (a vote like any other; 409 if refused)."""
     result = await decide(
         session,
@@ -85,9 +86,8 @@ async def decide_request(
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
     if not result.accepted:
-        # The refusal is audited; commit that before answering.
-        await session.commit()
-        raise HTTPException(status.HTTP_409_CONFLICT, result.message)
+        # Answered, not raised: the refusal's audit event commits with the session.
+        return JSONResponse({"detail": result.message}, status.HTTP_409_CONFLICT)
     return await _admin_view(session, request_id)
 
 
