@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, Request
@@ -122,6 +123,9 @@ def create_app(
                 max_instances=1,
                 coalesce=True,
                 id="expiry-sweep",
+                # At once on start, in the background: a backlog of overdue requests never
+                # holds up serving.
+                next_run_time=datetime.now(UTC),
             )
             scheduler.start()
             dispatcher = Dispatcher(
@@ -144,7 +148,6 @@ def create_app(
                     dsn.render_as_string(hide_password=False), rt.hub, NOTIFY_CHANNEL
                 )
                 tasks.append(asyncio.create_task(listener, name="decision-listener"))
-            await sweep(rt)
         try:
             yield
         finally:

@@ -59,10 +59,10 @@ async def test_restart_expires_overdue_resumes_delivery_and_waiters_reattach(
             Server(reborn, background=True) as second,
             httpx.AsyncClient(base_url=second.url, timeout=30) as http,
         ):
-            # The sweep ran at start: overdue requests are expired.
+            # The sweep runs at start (in the background): overdue requests are expired.
             for rid in short:
-                r = (await http.get(f"/v1/requests/{rid}", headers=auth(agent_key))).json()
-                assert r["status"] == "expired", r
+                r = await http.get(f"/v1/requests/{rid}/wait", params={"timeout": 5}, headers=auth(agent_key))
+                assert r.json()["status"] == "expired", r.json()
             # Pending ones are still pending, and the waiter re-attaches by id.
             waiter = asyncio.create_task(
                 http.get(f"/v1/requests/{long[0]}/wait", params={"timeout": 30}, headers=auth(agent_key))
