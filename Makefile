@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff_test
 MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install run test lint typecheck migrations-check pytest postgres bench clean
+.PHONY: install run test lint typecheck migrations-check pytest postgres chromium bench clean
 
 install: $(STAMP)
 
@@ -27,7 +28,7 @@ run: install
 	@SIGNOFF_CONFIG=$${SIGNOFF_CONFIG:-examples/signoff.yaml} SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token) \
 		$(BIN)/signoff serve
 
-test: install postgres lint typecheck migrations-check pytest
+test: install postgres chromium lint typecheck migrations-check pytest
 
 lint: install
 	@echo "==> ruff"
@@ -51,7 +52,15 @@ migrations-check: install
 	@SIGNOFF_DATABASE_URL=$(MIGRATIONS_PG_URL) $(BIN)/alembic upgrade head
 	@SIGNOFF_DATABASE_URL=$(MIGRATIONS_PG_URL) $(BIN)/alembic check
 
-pytest: install
+# The console's browser tests drive Debian's chromium (Playwright never downloads a browser here).
+chromium:
+	@test -x /usr/bin/chromium || { \
+		echo "==> installing Debian's chromium for the console's browser tests"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+			chromium fonts-dejavu-core >/dev/null; }
+
+pytest: install chromium
 	@echo "==> pytest (SQLite and PostgreSQL)"
 	@$(BIN)/pytest
 

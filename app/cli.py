@@ -30,6 +30,7 @@ keys_app = typer.Typer(help="Agent API keys.", no_args_is_help=True)
 requests_app = typer.Typer(help="Confirmation requests.", no_args_is_help=True)
 audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
 hook_app = typer.Typer(help="Agent runtime hooks.", no_args_is_help=True)
+operators_app = typer.Typer(help="Console operators.", no_args_is_help=True)
 readonly_app = typer.Typer(
     help="The read-only switch that `readonly_guard` hooks watch.", no_args_is_help=True
 )
@@ -41,6 +42,7 @@ for sub, name in [
     (audit_app, "audit"),
     (readonly_app, "readonly"),
     (hook_app, "hook"),
+    (operators_app, "operators"),
 ]:
     app.add_typer(sub, name=name)
 
@@ -327,6 +329,26 @@ def readonly_status(switch: SwitchName = "read_only") -> None:
         return await is_switch_on(session, switch)
 
     typer.echo(f"{switch} is {'on' if _with_session(work) else 'off'}")
+
+
+@operators_app.command("hash-password")
+def operators_hash_password() -> None:
+    """Read a password (typed without echo, or piped on stdin) and print its argon2 hash."""
+    import sys
+
+    from app.console.passwords import hash_password
+
+    if sys.stdin.isatty():
+        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        typer.echo("error: the password is empty", err=True)
+        raise typer.Exit(2)
+    if len(password) < 12:
+        typer.echo("warning: a password shorter than 12 characters is easy to guess", err=True)
+    typer.echo(hash_password(password))
+    typer.echo("put it in the configuration under operators.NAME.password_hash", err=True)
 
 
 def main() -> None:

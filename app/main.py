@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import console
 from app.confirmations import NOTIFY_CHANNEL, expire_overdue
 from app.db import is_sqlite, transaction
 from app.logs import RequestId
@@ -173,6 +174,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(callbacks.router)
     app.include_router(ops.router)
+    console.install(app, settings)
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.error("database unavailable on %s: %s: %s", request.url.path, type(exc).__name__, exc)

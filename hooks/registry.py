@@ -63,6 +63,7 @@ class HookRegistry:
         """
         effects: list[str] = []
         rewritten = False
+        approved: HookResult | None = None  # a human's earlier approval, named in the answer
         for hook in self.pre_tool_use:
             try:
                 applies = hook.matches(ctx)
@@ -75,6 +76,8 @@ class HookRegistry:
             if result.modified_arguments is not None and result.decision is Decision.ALLOW:
                 ctx = ctx.with_arguments(result.modified_arguments)
                 rewritten = True
+            if result.decision is Decision.ALLOW and result.request_id is not None:
+                approved = result
             if result.decision is not Decision.ALLOW:
                 return HookResult(
                     decision=result.decision,
@@ -84,6 +87,8 @@ class HookRegistry:
                     side_effects=tuple(effects),
                 )
         return HookResult(
+            reason=approved.reason if approved else None,
+            request_id=approved.request_id if approved else None,
             modified_arguments=ctx.arguments if rewritten else None,
             side_effects=tuple(effects),
         )

@@ -17,8 +17,7 @@ from app.runtime import Runtime
 from app.settings import Settings
 from tests.conftest import ADMIN_TOKEN, Server
 
-
-SAMPLE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
+SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -162,7 +162,7 @@ async def test_each_card_is_posted_once_and_the_sweep_expires_once(
             )
         # Both replicas' dispatchers and sweeps run; wait for every card and every expiry.
         for _ in range(200):
-            posted = [c for c in fake_slack.calls_to("chat.postMessage")]
+            posted = list(fake_slack.calls_to("chat.postMessage"))
             states = [
                 (await http.get(f"{a}/v1/requests/{rid}", headers=agent)).json()["status"] for rid in ids
             ]

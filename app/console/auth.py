@@ -1,0 +1,258 @@
+"""Console sign-in: signed session cookies with an absolute expiry, and CSRF tokens bound to them.
+
+The cookie holds ``{nonce, expires, operator, fingerprint}``, signed with
+itsdangerous (HMAC-SHA1 over a key derived from the secret and a salt). A
+visitor gets an anonymous session (a nonce only) on the sign-in page, so the
+sign-in form carries a CSRF token too; signing in replaces the nonce. Every
+form's token is an HMAC of the session's nonce, so it is useless with any other
+cookie. The fingerprint is a hash of the operator's password hash: changing a
+password (or removing the operator) ends their sessions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from fastapi import Depends, Request
+from itsdangerous import BadSignature, URLSafeSerializer, URLSafeTimedSerializer
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.responses import Response
+
+from app.config import Operator, SignoffConfig
+from app.console.passwords import verify_password, waste_a_verification
+from app.deps import RuntimeDep
+
+__all__ = [
+    "COOKIE_PATH",
+    "FLASH_COOKIE",
+    "SESSION_COOKIE",
+    "CheckedFormDep",
+    "ConsoleSession",
+    "CsrfRefused",
+    "Flash",
+    "Keys",
+    "SignInRequired",
+    "SignedIn",
+    "SignedInDep",
+    "authenticate",
+    "safe_next",
+]
+
+SESSION_COOKIE = "signoff_session"
+FLASH_COOKIE = "signoff_flash"
+COOKIE_PATH = "/ui"
+HOME = "/ui/"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSession:
+    nonce: str
+    expires: float
+    """Unix time; the sign-in ends then however active the operator is."""
+    operator: str | None = None
+    fingerprint: str | None = None
+
+    @classmethod
+    def start(
+        cls, max_age: float, *, operator: str | None = None, fingerprint: str | None = None
+    ) -> ConsoleSession:
+        return cls(secrets.token_urlsafe(24), time.time() + max_age, operator, fingerprint)
+
+
+@dataclass(frozen=True, slots=True)
+class Flash:
+    """A one-shot message shown on the next page (the outcome of a decision)."""
+
+    ok: bool
+    text: str
+
+
+def fingerprint(operator: Operator) -> str:
+    return hashlib.sha256(operator.password_hash.get_secret_value().encode()).hexdigest()[:16]
+
+
+class Keys:
+    """Everything signed with the console's secret: sessions, CSRF tokens, flash messages."""
+
+    def __init__(self, secret: str, *, max_age: float) -> None:
+        self.max_age = max_age
+        self._sessions = URLSafeSerializer(secret, salt="signoff.console.session")
+        self._flash = URLSafeTimedSerializer(secret, salt="signoff.console.flash")
+        self._csrf_key = hmac.new(secret.encode(), b"signoff.console.csrf", hashlib.sha256).digest()
+
+    def encode(self, session: ConsoleSession) -> str:
+        return self._sessions.dumps(
+            {"n": session.nonce, "e": session.expires, "o": session.operator, "f": session.fingerprint}
+        )
+
+    def decode(self, raw: str | None) -> ConsoleSession | None:
+        """The session in a cookie, or None if it is missing, forged or past its expiry."""
+        if not raw:
+            return None
+        try:
+            data: Any = self._sessions.loads(raw)
+            session = ConsoleSession(str(data["n"]), float(data["e"]), data["o"], data["f"])
+        except (BadSignature, KeyError, TypeError, ValueError):
+            return None
+        return session if session.expires > time.time() else None
+
+    def csrf_token(self, session: ConsoleSession) -> str:
+        return hmac.new(self._csrf_key, session.nonce.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, session: ConsoleSession | None, token: object) -> bool:
+        if session is None or not isinstance(token, str) or not token:
+            return False
+        return hmac.compare_digest(token.encode(), self.csrf_token(session).encode())
+
+    def encode_flash(self, flash: Flash) -> str:
+        return self._flash.dumps([flash.ok, flash.text])
+
+    def decode_flash(self, raw: str | None) -> Flash | None:
+        if not raw:
+            return None
+        try:
+            ok, text = self._flash.loads(raw, max_age=120)
+        except (BadSignature, TypeError, ValueError):
+            return None
+        return Flash(bool(ok), str(text))
+
+
+@dataclass(frozen=True, slots=True)
+class SignedIn:
+    """The operator behind a request; their votes are cast as ``person``."""
+
+    operator: str
+    person: str
+    name: str
+    csrf: str
+    session: ConsoleSession
+
+
+class SignInRequired(Exception):
+    """No valid session: send the browser to the sign-in page (and back to ``next`` after)."""
+
+    def __init__(self, next_url: str) -> None:
+        super().__init__(next_url)
+        self.next_url = next_url
+
+
+class CsrfRefused(Exception):
+    """A form came without the CSRF token of the session it was sent with."""
+
+
+def keys_of(request: Request) -> Keys:
+    keys: Keys = request.app.state.console_keys
+    return keys
+
+
+def session_of(request: Request) -> ConsoleSession | None:
+    return keys_of(request).decode(request.cookies.get(SESSION_COOKIE))
+
+
+def _signed_in(request: Request, config: SignoffConfig) -> SignedIn | None:
+    session = session_of(request)
+    if session is None or session.operator is None:
+        return None
+    operator = config.operators.get(session.operator)
+    if operator is None or session.fingerprint != fingerprint(operator):
+        return None
+    person = operator.person or session.operator
+    return SignedIn(
+        operator=session.operator,
+        person=person,
+        name=config.display_name(person),
+        csrf=keys_of(request).csrf_token(session),
+        session=session,
+    )
+
+
+def current_operator(request: Request, config: SignoffConfig) -> SignedIn | None:
+    """The signed-in operator, if the request carries a live session."""
+    return _signed_in(request, config)
+
+
+async def signed_in(request: Request, runtime: RuntimeDep) -> SignedIn:
+    who = _signed_in(request, runtime.config)
+    if who is None:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise SignInRequired(target if request.method == "GET" else HOME)
+    return who
+
+
+SignedInDep = Annotated[SignedIn, Depends(signed_in)]
+
+
+async def csrf_checked_form(request: Request, who: SignedInDep) -> FormData:
+    form = await request.form()
+    if not keys_of(request).csrf_ok(who.session, form.get("csrf_token")):
+        raise CsrfRefused
+    return form
+
+
+CheckedFormDep = Annotated[FormData, Depends(csrf_checked_form)]
+
+
+async def authenticate(config: SignoffConfig, name: str, password: str) -> Operator | None:
+    """The operator if ``password`` is theirs (argon2 runs in a worker thread)."""
+    operator = config.operators.get(name)
+    if operator is None:
+        await run_in_threadpool(waste_a_verification, password)
+        return None
+    ok = await run_in_threadpool(verify_password, operator.password_hash.get_secret_value(), password)
+    return operator if ok else None
+
+
+def set_session(response: Response, request: Request, session: ConsoleSession) -> None:
+    keys = keys_of(request)
+    response.set_cookie(
+        SESSION_COOKIE,
+        keys.encode(session),
+        max_age=max(int(session.expires - time.time()), 1),
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
+    )
+
+
+def clear_session(response: Response) -> None:
+    response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, httponly=True, samesite="lax")
+
+
+def set_flash(response: Response, request: Request, flash: Flash) -> None:
+    response.set_cookie(
+        FLASH_COOKIE,
+        keys_of(request).encode_flash(flash),
+        max_age=120,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
+    )
+
+
+def read_flash(request: Request) -> Flash | None:
+    return keys_of(request).decode_flash(request.cookies.get(FLASH_COOKIE))
+
+
+def forget_flash(request: Request, response: Response) -> None:
+    """Remove a flash message from the browser once a page has shown it."""
+    if FLASH_COOKIE in request.cookies:
+        response.delete_cookie(FLASH_COOKIE, path=COOKIE_PATH, httponly=True, samesite="lax")
+
+
+def safe_next(value: object) -> str:
+    """A console path to return to after signing in; anything else (another site) goes home."""
+    if not isinstance(value, str) or not value.startswith(COOKIE_PATH) or "\\" in value:
+        return HOME
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or value.startswith("//"):
+        return HOME
+    return value

@@ -1,0 +1,48 @@
+"""Approve or reject from the console: a vote through the web channel as the signed-in operator."""
+
+from __future__ import annotations
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+from starlette.datastructures import FormData
+
+from app.config import SignoffConfig
+from app.console.auth import Flash, SignedIn
+from app.console.pages import plausible_id
+from app.operators import decide
+from channels import Verdict
+
+__all__ = ["MAX_REASON", "decide_from_form"]
+
+MAX_REASON = 2000
+
+
+async def decide_from_form(
+    session: AsyncSession, request_id: str, *, form: FormData, who: SignedIn, config: SignoffConfig
+) -> Flash | None:
+    """Cast the operator's vote; the message to show, or None if there is no such request.
+
+    A refused vote (not an approver, already decided, …) is audited by the state
+    machine and comes back as a message, like a toast in chat.
+    """
+    verdict = form.get("verdict")
+    if verdict not in (Verdict.APPROVE.value, Verdict.REJECT.value):
+        return Flash(False, "Choose Approve or Reject.")
+    if not plausible_id(request_id):
+        return None
+    reason = form.get("reason")
+    # PostgreSQL text cannot hold NUL; nobody means to type one.
+    text = reason.replace("\x00", "").strip() if isinstance(reason, str) else ""
+    if len(text) > MAX_REASON:
+        return Flash(False, f"The reason is too long (at most {MAX_REASON} characters).")
+    result = await decide(
+        session,
+        request_id,
+        verdict=Verdict(verdict),
+        operator=who.person,
+        config=config,
+        reason=text or None,
+        via="console",
+    )
+    if result is None:
+        return None
+    return Flash(result.accepted, result.message)

@@ -1,0 +1,179 @@
+"""The history page's filter, and its exports streamed as CSV and JSON Lines."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
+
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app import queries
+from app.config import SignoffConfig
+from app.console.format import compact_json, iso
+from app.console.pages import RequestRow, request_rows
+from app.models import Status, utcnow
+from app.queries import RequestFilter
+from app.schemas import RequestOut
+
+__all__ = ["CSV_COLUMNS", "HistoryQuery", "csv_lines", "jsonl_lines", "parse_history"]
+
+PAGE = 50
+FIELDS = ("status", "agent", "tool", "decider", "from", "to")
+CSV_COLUMNS = [
+    "id",
+    "created_at",
+    "agent",
+    "tool",
+    "status",
+    "requester",
+    "approvals",
+    "quorum",
+    "gate",
+    "channel",
+    "expires_at",
+    "decided_at",
+    "decided_by",
+    "reason",
+    "arguments",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryQuery:
+    filter: RequestFilter
+    values: dict[str, str]
+    """The form's fields as given (to fill the form again and build export links)."""
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def query_string(self) -> str:
+        return urlencode({k: v for k, v in self.values.items() if v})
+
+
+def _moment(raw: str, *, end: bool) -> datetime:
+    """``2026-05-01``, ``2026-05-01T12:30`` or full ISO; times without a zone are UTC.
+
+    A bare date as the end of a range means the end of that day.
+    """
+    value = datetime.fromisoformat(raw)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    if end and len(raw.strip()) == 10:
+        value += timedelta(days=1)
+    return value
+
+
+def parse_history(params: Mapping[str, str]) -> HistoryQuery:
+    """The filter from the query string; a bad field is reported and left out, never a 500."""
+    values = {k: params.get(k, "").strip()[:500] for k in FIELDS}
+    errors: list[str] = []
+    for k, v in values.items():
+        if "\x00" in v:  # PostgreSQL text cannot hold it, so it can match nothing
+            errors.append(f"{k.title()}: a NUL character is not allowed.")
+            values[k] = ""
+    status: Status | None = None
+    if values["status"]:
+        try:
+            status = Status(values["status"])
+        except ValueError:
+            errors.append(f"Unknown status {values['status']!r}.")
+            values["status"] = ""
+    moments: dict[str, datetime | None] = {"from": None, "to": None}
+    for name in ("from", "to"):
+        if values[name]:
+            try:
+                moments[name] = _moment(values[name], end=name == "to")
+            except (ValueError, OverflowError):
+                errors.append(f"{name.title()!s}: {values[name]!r} is not a date (use YYYY-MM-DD HH:MM).")
+                values[name] = ""
+    before: datetime | None = None
+    if (raw_before := params.get("before", "").strip()) and "\x00" not in raw_before:
+        try:
+            before = _moment(raw_before, end=False)
+        except (ValueError, OverflowError):
+            errors.append("Bad page marker; showing the newest requests.")
+    which = RequestFilter(
+        status=status,
+        agent=values["agent"] or None,
+        tool_contains=values["tool"] or None,
+        decider=values["decider"] or None,
+        created_from=moments["from"],
+        created_to=moments["to"],
+        before=before,
+    )
+    return HistoryQuery(which, values, errors)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryView:
+    rows: list[RequestRow]
+    older: str | None
+    """The query string of the next (older) page, if there is one."""
+
+
+async def history_view(session: AsyncSession, config: SignoffConfig, q: HistoryQuery) -> HistoryView:
+    reqs = await queries.list_requests(session, q.filter, limit=PAGE + 1)
+    rows = await request_rows(session, config, reqs[:PAGE], utcnow())
+    older = None
+    if len(reqs) > PAGE:
+        older = urlencode(
+            {**{k: v for k, v in q.values.items() if v}, "before": iso(reqs[PAGE - 1].created_at)}
+        )
+    return HistoryView(rows, older)
+
+
+def _cell(value: object) -> str:
+    text = "" if value is None else str(value)
+    # A cell starting like a formula would run as one in a spreadsheet (arguments come from agents).
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+async def csv_lines(
+    sessions: async_sessionmaker[AsyncSession], config: SignoffConfig, which: RequestFilter
+) -> AsyncIterator[str]:
+    """Every matching request as CSV, newest first, read in batches as the client takes it."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    yield buffer.getvalue()
+    async with sessions() as session:
+        async for batch in queries.iter_requests(session, which):
+            buffer.seek(0)
+            buffer.truncate()
+            for row, req in zip(await request_rows(session, config, batch, utcnow()), batch, strict=True):
+                writer.writerow(
+                    [
+                        _cell(v)
+                        for v in (
+                            row.id,
+                            iso(row.created_at),
+                            row.agent,
+                            row.tool,
+                            row.status,
+                            row.requester,
+                            row.approvals,
+                            row.quorum,
+                            row.gate,
+                            row.channel,
+                            iso(row.expires_at),
+                            iso(row.decided_at),
+                            row.decided_by,
+                            row.reason,
+                            compact_json(req.arguments),
+                        )
+                    ]
+                )
+            yield buffer.getvalue()
+
+
+async def jsonl_lines(sessions: async_sessionmaker[AsyncSession], which: RequestFilter) -> AsyncIterator[str]:
+    """Every matching request as one JSON object per line (the operator API's shape), newest first."""
+    async with sessions() as session:
+        async for batch in queries.iter_requests(session, which):
+            votes = await queries.votes_by_request(session, (r.id for r in batch))
+            yield "".join(RequestOut.of(r, votes[r.id]).model_dump_json() + "\n" for r in batch)

@@ -1,0 +1,284 @@
+"""What each console page shows, read from the database and the configuration."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app import queries
+from app.config import SignoffConfig
+from app.confirmations import get_request, votes_for
+from app.console.format import duration, summarize, time_left
+from app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
+from app.queries import RequestFilter
+from app.schemas import AuditVerifyOut
+from hooks.confirmation_gate import ConfirmationGate
+
+__all__ = [
+    "AuditView",
+    "ConfigView",
+    "GateView",
+    "QueueView",
+    "RequestRow",
+    "RequestView",
+    "audit_view",
+    "config_view",
+    "queue_view",
+    "request_rows",
+    "request_view",
+]
+
+QUEUE_LIMIT = 200
+AUDIT_PAGE = 50
+_REQUEST_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+def plausible_id(value: str) -> bool:
+    """Whether ``value`` could be a request id (anything else is not looked up at all)."""
+    return _REQUEST_ID.fullmatch(value) is not None
+
+
+def _person(config: SignoffConfig, key: str | None) -> str | None:
+    if key is None:
+        return None
+    name = config.display_name(key)
+    return name if name == key else f"{name} ({key})"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """One request as a line of the queue, the history or an export."""
+
+    id: str
+    agent: str
+    tool: str
+    summary: str
+    status: str
+    requester: str | None
+    approvals: int
+    quorum: int
+    gate: str
+    channel: str
+    created_at: datetime
+    expires_at: datetime
+    decided_at: datetime | None
+    decided_by: str | None
+    reason: str | None
+    time_left: str
+    seconds_left: float
+
+
+def _decided_by(req: ConfirmationRequest) -> str | None:
+    if req.decided_by_channel is None:
+        return None
+    if req.decided_by_channel == "system":
+        return "(deadline)" if req.decided_by_user_id == "expiry" else "(system)"
+    who = req.decided_by_name or req.decided_by_user_id or "?"
+    return f"{who} via {req.decided_by_channel}"
+
+
+def row_of(req: ConfirmationRequest, approvals: int, config: SignoffConfig, now: datetime) -> RequestRow:
+    pending = req.status == Status.PENDING
+    return RequestRow(
+        id=req.id,
+        agent=req.agent_id,
+        tool=req.tool_name,
+        summary=summarize(req.arguments),
+        status=str(req.status),
+        requester=_person(config, req.requester) or req.user_id,
+        approvals=approvals,
+        quorum=int(req.gate.get("quorum", 1)),
+        gate=str(req.gate.get("name", "")),
+        channel=req.channel,
+        created_at=req.created_at,
+        expires_at=req.expires_at,
+        decided_at=req.decided_at,
+        decided_by=_decided_by(req),
+        reason=req.reason,
+        time_left=time_left(req.expires_at, now) if pending else "",
+        seconds_left=max((req.expires_at - now).total_seconds(), 0) if pending else 0,
+    )
+
+
+async def request_rows(
+    session: AsyncSession, config: SignoffConfig, reqs: Sequence[ConfirmationRequest], now: datetime
+) -> list[RequestRow]:
+    approvals = await queries.approvals_for(session, (r.id for r in reqs))
+    return [row_of(r, approvals.get(r.id, 0), config, now) for r in reqs]
+
+
+def _version(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    rows: list[RequestRow]
+    total: int
+
+    @property
+    def version(self) -> str:
+        """Changes when the queue does (the page's poll gets 204 until then)."""
+        return _version(self.total, [(r.id, r.approvals) for r in self.rows])
+
+
+async def queue_view(session: AsyncSession, config: SignoffConfig, now: datetime) -> QueueView:
+    """Pending requests, newest first."""
+    pending = RequestFilter(status=Status.PENDING)
+    reqs = await queries.list_requests(session, pending, limit=QUEUE_LIMIT)
+    total = len(reqs) if len(reqs) < QUEUE_LIMIT else await queries.count_requests(session, pending)
+    return QueueView(await request_rows(session, config, reqs, now), total)
+
+
+@dataclass(frozen=True, slots=True)
+class GateView:
+    """The gate that matched: as recorded with the request, plus its rule if still configured."""
+
+    name: str
+    channel: str
+    channel_type: str
+    approvers: list[str]
+    quorum: int
+    timeout: str
+    allow_self_approval: bool
+    require_reject_reason: bool
+    tools: tuple[str, ...] | None
+    when: str | None
+
+
+def _gate_rule(config: SignoffConfig, agent: str, name: str) -> ConfirmationGate | None:
+    cfg = config.agents.get(agent)
+    for hook in cfg.hooks if cfg else ():
+        if isinstance(hook, ConfirmationGate) and hook.label == name:
+            return hook
+    return None
+
+
+def gate_of(req: ConfirmationRequest, config: SignoffConfig) -> GateView:
+    snap = req.gate
+    rule = _gate_rule(config, req.agent_id, str(snap.get("name", "")))
+    channel = config.channels.get(req.channel)
+    return GateView(
+        name=str(snap.get("name", "")),
+        channel=req.channel,
+        channel_type=channel.type if channel is not None else "?",
+        approvers=[_person(config, a) or a for a in snap.get("approvers") or ()],
+        quorum=int(snap.get("quorum", 1)),
+        timeout=duration(float(snap.get("timeout_seconds", 0))),
+        allow_self_approval=bool(snap.get("allow_self_approval", False)),
+        require_reject_reason=bool(snap.get("require_reject_reason", False)),
+        tools=rule.tools if rule else None,
+        when=rule.when if rule else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    req: ConfirmationRequest
+    row: RequestRow
+    gate: GateView
+    votes: list[Vote]
+    refused: list[AuditEvent]
+    trail: list[AuditEvent]
+    deliveries: list[Delivery]
+    hint: str | None
+    """Why the signed-in operator's vote would be refused, when that is plain in advance."""
+
+    @property
+    def pending(self) -> bool:
+        return self.req.status == Status.PENDING
+
+    @property
+    def version(self) -> str:
+        return _version(
+            self.row.status,
+            [e.seq for e in self.trail],
+            [(d.id, str(d.status), d.attempts, d.last_error) for d in self.deliveries],
+        )
+
+
+def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote]) -> str | None:
+    approvers = list(req.gate.get("approvers") or ())
+    if approvers and person not in approvers:
+        return "You are not one of this gate's approvers: your vote would be refused."
+    if not req.gate.get("allow_self_approval", False) and req.requester == person:
+        return "This call was made on your behalf: you cannot approve it."
+    if any(v.voter == person for v in votes):
+        return "You have already voted on this request."
+    return None
+
+
+async def request_view(
+    session: AsyncSession, config: SignoffConfig, request_id: str, *, person: str, now: datetime
+) -> RequestView | None:
+    if not plausible_id(request_id):
+        return None
+    req = await get_request(session, request_id)
+    if req is None:
+        return None
+    votes = await votes_for(session, request_id)
+    trail = await queries.request_trail(session, request_id)
+    approvals = sum(1 for v in votes if v.verdict == "approve")
+    return RequestView(
+        req=req,
+        row=row_of(req, approvals, config, now),
+        gate=gate_of(req, config),
+        votes=votes,
+        refused=[e for e in trail if e.action == "vote_refused"],
+        trail=trail,
+        deliveries=await queries.deliveries_for(session, request_id),
+        hint=_hint(req, person, votes) if req.status == Status.PENDING else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AuditView:
+    events: list[AuditEvent]
+    older: int | None
+    """The ``before`` of the next (older) page, if there is one."""
+
+
+async def audit_view(
+    session: AsyncSession, *, before: int | None, action: str | None, request_id: str | None
+) -> AuditView:
+    if "\x00" in (action or "") + (request_id or ""):
+        return AuditView([], None)
+    events = await queries.audit_page(
+        session, before=before, action=action, request_id=request_id, limit=AUDIT_PAGE + 1
+    )
+    older = events[AUDIT_PAGE - 1].seq if len(events) > AUDIT_PAGE else None
+    return AuditView(events[:AUDIT_PAGE], older)
+
+
+async def verification(session: AsyncSession) -> AuditVerifyOut:
+    return await queries.verify_audit(session)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigView:
+    source: str
+    channels: dict[str, dict[str, Any]]
+    people: list[tuple[str, str | None, str | None, dict[str, str]]]
+    operators: list[tuple[str, str]]
+    agents: dict[str, list[ConfirmationGate]]
+    agent_redact: dict[str, tuple[str, ...]]
+    redact: list[str]
+
+
+def config_view(config: SignoffConfig) -> ConfigView:
+    """The configuration as loaded; secrets masked the way the operator API masks them."""
+    return ConfigView(
+        source=config.source,
+        channels=queries.masked_channels(config),
+        people=[(k, p.name, p.email, p.ids()) for k, p in config.people.items()],
+        operators=[(name, op.person or name) for name, op in config.operators.items()],
+        agents={a: [h for h in c.hooks if isinstance(h, ConfirmationGate)] for a, c in config.agents.items()},
+        agent_redact={a: c.redact for a, c in config.agents.items() if c.redact},
+        redact=sorted(config.redact),
+    )

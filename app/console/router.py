@@ -1,0 +1,326 @@
+"""The console's pages under ``/ui``: each handler parses, asks a service, renders."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Annotated
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.console import auth, pages
+from app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, SignedInDep
+from app.console.decisions import decide_from_form
+from app.console.history import csv_lines, history_view, jsonl_lines, parse_history
+from app.console.render import page, secured
+from app.deps import RuntimeDep, SessionDep
+from app.models import Status, utcnow
+
+__all__ = ["router"]
+
+log = logging.getLogger("signoff")
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+AUDIT_ACTIONS = [
+    "created",
+    "vote",
+    "vote_refused",
+    "approved",
+    "rejected",
+    "expired",
+    "cancelled",
+    "key_created",
+    "key_revoked",
+]
+
+
+async def read_session(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
+    """A session for reading only (on SQLite it never waits behind writers)."""
+    async with runtime.reads() as session:
+        yield session
+
+
+ReadDep = Annotated[AsyncSession, Depends(read_session)]
+
+
+def _see_other(url: str) -> Response:
+    return secured(RedirectResponse(url, status_code=303))
+
+
+def _not_found(request: Request, who: auth.SignedIn, request_id: str) -> Response:
+    return page(
+        request,
+        "error.html",
+        {
+            "who": who,
+            "title": "No such request",
+            "message": f"There is no request {request_id!r}.",
+        },
+        status_code=404,
+    )
+
+
+# --- signing in ----------------------------------------------------------------------------------
+
+
+def _login_page(
+    request: Request,
+    runtime: RuntimeDep,
+    session: ConsoleSession,
+    *,
+    next_url: str,
+    error: str | None = None,
+    username: str = "",
+    ended: bool = False,
+    status_code: int = 200,
+) -> Response:
+    response = page(
+        request,
+        "login.html",
+        {
+            "csrf": auth.keys_of(request).csrf_token(session),
+            "next": next_url,
+            "error": error,
+            "username": username,
+            "ended": ended,
+            "operators": bool(runtime.config.operators),
+        },
+        status_code=status_code,
+    )
+    auth.set_session(response, request, session)
+    return response
+
+
+@router.get("/login")
+async def sign_in_page(
+    request: Request,
+    runtime: RuntimeDep,
+    next_: Annotated[str, Query(alias="next", max_length=2000)] = auth.HOME,
+    ended: bool = False,
+) -> Response:
+    if auth.current_operator(request, runtime.config) is not None:
+        return _see_other(auth.safe_next(next_))
+    keys = auth.keys_of(request)
+    session = auth.session_of(request) or ConsoleSession.start(keys.max_age)
+    return _login_page(request, runtime, session, next_url=auth.safe_next(next_), ended=ended)
+
+
+@router.post("/login")
+async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
+    form = await request.form()
+    keys = auth.keys_of(request)
+    anonymous = auth.session_of(request)
+    if not keys.csrf_ok(anonymous, form.get("csrf_token")):
+        raise CsrfRefused
+    assert anonymous is not None
+    name, password = form.get("username"), form.get("password")
+    next_url = auth.safe_next(form.get("next"))
+    name = name.strip() if isinstance(name, str) else ""
+    operator = None
+    if name and isinstance(password, str) and password:
+        operator = await auth.authenticate(runtime.config, name, password)
+    if operator is None:
+        log.warning(
+            "console: failed sign-in as %r from %s",
+            name[:200],
+            request.client.host if request.client else "?",
+        )
+        return _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=next_url,
+            error="Wrong operator name or password.",
+            username=name,
+            status_code=401,
+        )
+    log.info("console: %s signed in", name)
+    session = ConsoleSession.start(keys.max_age, operator=name, fingerprint=auth.fingerprint(operator))
+    response = _see_other(next_url)
+    auth.set_session(response, request, session)
+    return response
+
+
+@router.post("/logout")
+async def sign_out(form: CheckedFormDep) -> Response:
+    response = _see_other("/ui/login")
+    auth.clear_session(response)
+    return response
+
+
+# --- the queue -----------------------------------------------------------------------------------
+
+
+@router.get("")
+async def console_root() -> Response:
+    return _see_other(auth.HOME)
+
+
+@router.get("/")
+async def show_queue(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep) -> Response:
+    view = await pages.queue_view(session, runtime.config, utcnow())
+    return page(request, "queue.html", {"who": who, "nav": "queue", "view": view, "version": view.version})
+
+
+@router.get("/queue/rows")
+async def queue_rows(
+    request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep, v: str = ""
+) -> Response:
+    """The queue's table for the page's poll: 204 (nothing to swap) while it is unchanged."""
+    view = await pages.queue_view(session, runtime.config, utcnow())
+    if v == view.version:
+        return secured(Response(status_code=204))
+    return page(request, "_queue.html", {"who": who, "view": view, "version": view.version})
+
+
+# --- one request ---------------------------------------------------------------------------------
+
+
+@router.get("/requests/{request_id}")
+async def show_request(
+    request_id: str, request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep
+) -> Response:
+    view = await pages.request_view(session, runtime.config, request_id, person=who.person, now=utcnow())
+    if view is None:
+        return _not_found(request, who, request_id)
+    response = page(
+        request, "request.html", {"who": who, "nav": "queue", "view": view, "flash": auth.read_flash(request)}
+    )
+    auth.forget_flash(request, response)
+    return response
+
+
+@router.get("/requests/{request_id}/live")
+async def request_live(
+    request_id: str,
+    request: Request,
+    who: SignedInDep,
+    runtime: RuntimeDep,
+    session: ReadDep,
+    seen: str = "",
+    v: str = "",
+) -> Response:
+    """The request's votes, cards and trail for the page's poll; a new status reloads the page."""
+    view = await pages.request_view(session, runtime.config, request_id, person=who.person, now=utcnow())
+    if view is None or view.row.status != seen:
+        return secured(Response(status_code=200, headers={"HX-Refresh": "true"}))
+    if v == view.version:
+        return secured(Response(status_code=204))
+    return page(request, "_request_live.html", {"who": who, "view": view})
+
+
+@router.post("/requests/{request_id}/decision")
+async def decide_request(
+    request_id: str,
+    request: Request,
+    who: SignedInDep,
+    form: CheckedFormDep,
+    runtime: RuntimeDep,
+    session: SessionDep,
+) -> Response:
+    flash = await decide_from_form(session, request_id, form=form, who=who, config=runtime.config)
+    if flash is None:
+        return _not_found(request, who, request_id)
+    response = _see_other(f"/ui/requests/{quote(request_id, safe='')}")
+    auth.set_flash(response, request, flash)
+    return response
+
+
+# --- history and exports -------------------------------------------------------------------------
+
+
+@router.get("/history")
+async def show_history(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep) -> Response:
+    q = parse_history(request.query_params)
+    view = await history_view(session, runtime.config, q)
+    return page(
+        request,
+        "history.html",
+        {
+            "who": who,
+            "nav": "history",
+            "q": q,
+            "view": view,
+            "statuses": [s.value for s in Status],
+            "agents": sorted(runtime.config.agents),
+        },
+    )
+
+
+def _attachment(kind: str) -> dict[str, str]:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return {"Content-Disposition": f'attachment; filename="signoff-history-{stamp}.{kind}"'}
+
+
+@router.get("/history/export.csv")
+async def export_csv(request: Request, who: SignedInDep, runtime: RuntimeDep) -> Response:
+    which = parse_history(request.query_params).filter
+    return secured(
+        StreamingResponse(
+            csv_lines(runtime.reads, runtime.config, which),
+            media_type="text/csv; charset=utf-8",
+            headers=_attachment("csv"),
+        )
+    )
+
+
+@router.get("/history/export.jsonl")
+async def export_jsonl(request: Request, who: SignedInDep, runtime: RuntimeDep) -> Response:
+    which = parse_history(request.query_params).filter
+    return secured(
+        StreamingResponse(
+            jsonl_lines(runtime.reads, which), media_type="application/jsonl", headers=_attachment("jsonl")
+        )
+    )
+
+
+# --- audit and configuration ---------------------------------------------------------------------
+
+
+@router.get("/audit")
+async def show_audit(
+    request: Request,
+    who: SignedInDep,
+    session: ReadDep,
+    before: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+    action: Annotated[str, Query(max_length=64)] = "",
+    request_id: Annotated[str, Query(alias="request", max_length=64)] = "",
+) -> Response:
+    action, request_id = action.strip(), request_id.strip()
+    view = await pages.audit_view(
+        session, before=before, action=action or None, request_id=request_id or None
+    )
+    base_query = urlencode({k: v for k, v in (("action", action), ("request", request_id)) if v})
+    return page(
+        request,
+        "audit.html",
+        {
+            "who": who,
+            "nav": "audit",
+            "view": view,
+            "before": before,
+            "action": action,
+            "request_id": request_id,
+            "actions": AUDIT_ACTIONS,
+            "base_query": base_query,
+        },
+    )
+
+
+@router.get("/audit/verify")
+async def verify_audit(request: Request, who: SignedInDep, session: ReadDep) -> Response:
+    result = await pages.verification(session)
+    if request.headers.get("HX-Request"):
+        return page(request, "_audit_verify.html", {"result": result})
+    return page(request, "audit_verify.html", {"who": who, "nav": "audit", "result": result})
+
+
+@router.get("/config")
+async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep) -> Response:
+    return page(
+        request, "config.html", {"who": who, "nav": "config", "view": pages.config_view(runtime.config)}
+    )

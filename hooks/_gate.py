@@ -1,0 +1,609 @@
+"""The sans-I/O core of the Signoff gate client.
+
+Nothing here opens a socket or sleeps. :func:`gate_flow` is a generator that
+*yields* what it wants done (an :class:`HttpCall` to send or a :class:`Pause`)
+and is *sent* what happened (an :class:`HttpReply`, a :class:`TransportFailure`,
+or ``None`` after a pause). It returns the final :class:`GateDecision`. The
+sync and async clients in :mod:`hooks.client` only drive it, so both share one
+state machine: submit → (pending) long-poll ``/wait`` → decision, re-attaching
+by request id after dropped connections and 5xx answers until the deadline.
+
+Every path that is not an explicit allow from the server ends in a deny.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import uuid
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Literal
+from urllib.parse import quote
+
+from hooks._contract import Decision
+
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "DEFAULT_POLL_TIMEOUT",
+    "FlowSettings",
+    "GateConfigError",
+    "GateDecision",
+    "GateDenied",
+    "GateFailure",
+    "GateTimeout",
+    "GateUnavailable",
+    "HttpCall",
+    "HttpReply",
+    "Pause",
+    "ToolCall",
+    "TransportFailure",
+    "cancel_flow",
+    "describe_request",
+    "gate_flow",
+    "interpret_request",
+    "interpret_submit",
+    "make_idempotency_key",
+    "settle_request",
+]
+
+DEFAULT_DEADLINE = 3600.0
+"""Seconds a call may wait for a decision, all retries included."""
+DEFAULT_POLL_TIMEOUT = 25.0
+"""Seconds the server holds one ``/wait`` long-poll open."""
+DEFAULT_SUBMIT_DEADLINE = 30.0
+"""Seconds to keep retrying an unreachable Signoff before a request exists (then deny)."""
+MAX_POLL_TIMEOUT = 60
+SUBMIT_TIMEOUT = 30.0
+"""Seconds to wait for the answer to one ``pre-tool-use`` POST."""
+WAIT_MARGIN = 10.0
+"""Extra seconds of read timeout beyond the server-side long-poll time."""
+CANCEL_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 5.0
+_FAST_PENDING = 1.0
+"""A ``/wait`` that answers "pending" faster than this is treated as misbehaving (no hot loop)."""
+
+_SUBMIT_PATH = "/v1/hooks/pre-tool-use"
+_TERMINAL = frozenset({"approved", "rejected", "expired", "cancelled"})
+_STATUSES = _TERMINAL | {"pending"}
+_RETRYABLE_4XX = frozenset({408, 425, 429})
+
+
+# --------------------------------------------------------------------------- public types
+
+
+class GateFailure(StrEnum):
+    """Why a deny came from the client rather than from a policy or a person."""
+
+    TIMEOUT = "timeout"
+    """The client's own deadline passed while the request was still pending."""
+    UNAVAILABLE = "unavailable"
+    """Signoff could not be reached, refused the key, or answered something unusable."""
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """The outcome of one gated tool call. Only ``allowed=True`` lets the tool run."""
+
+    allowed: bool
+    reason: str | None = None
+    """Why, in words the agent (or its model) can be shown."""
+    request_id: str | None = None
+    """The confirmation request, when a human was asked."""
+    modified_arguments: dict[str, Any] | None = None
+    """Arguments rewritten by the server's hooks; run the tool with these instead."""
+    failure: GateFailure | None = None
+    """Set when the deny is the client failing closed (not a decision by policy or a person)."""
+    request: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    """The server's request record (status, ``decided_by``, votes…), when there is one."""
+    pending: bool = False
+    """Only with ``wait=False``: a person has been asked and has not decided yet (``allowed`` is False)."""
+
+    @property
+    def decision(self) -> Decision:
+        """``ALLOW``, ``DENY``, or (``wait=False`` only) ``PENDING``."""
+        if self.allowed:
+            return Decision.ALLOW
+        return Decision.PENDING if self.pending else Decision.DENY
+
+    def arguments(self, original: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments the tool should run with: the rewritten ones if any, else ``original``."""
+        return dict(self.modified_arguments) if self.modified_arguments is not None else dict(original)
+
+    def raise_for_denial(self) -> GateDecision:
+        """Return ``self`` when allowed; otherwise raise the matching :class:`GateDenied` subclass."""
+        if self.allowed:
+            return self
+        reason = self.reason or "denied by Signoff"
+        if self.pending:
+            raise GateDenied(f"awaiting approval: {reason}", decision=self)
+        if self.failure is GateFailure.TIMEOUT:
+            raise GateTimeout(reason, decision=self)
+        if self.failure is GateFailure.UNAVAILABLE:
+            raise GateUnavailable(reason, decision=self)
+        raise GateDenied(reason, decision=self)
+
+
+class GateDenied(Exception):
+    """The gated call must not run. Base class of every gate error, so catching it fails closed."""
+
+    def __init__(self, reason: str, *, decision: GateDecision | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.decision = decision
+
+    @property
+    def request_id(self) -> str | None:
+        """The confirmation request, when one was created."""
+        return self.decision.request_id if self.decision else None
+
+
+class GateTimeout(GateDenied):
+    """No decision arrived before the client's deadline (the request may still be pending)."""
+
+
+class GateUnavailable(GateDenied):
+    """Signoff was unreachable, refused the key, or answered something the client cannot trust."""
+
+
+class GateConfigError(GateUnavailable):
+    """The client is not configured (no ``SIGNOFF_URL`` / ``SIGNOFF_API_KEY``, or a bad URL)."""
+
+
+def make_idempotency_key(runtime: str, session: str | None, tool_call_id: str | None) -> str | None:
+    """``<runtime>:<session>:<tool_call_id>``, or ``None`` unless both ids are known.
+
+    Both parts are required: tool call ids alone repeat across runs (test models
+    number them deterministically), and a repeated key returns an *old* decision.
+    """
+    if not session or not tool_call_id:
+        return None
+    return f"{runtime}:{session}:{tool_call_id}"
+
+
+# --------------------------------------------------------------------------- I/O vocabulary
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCall:
+    """One HTTP exchange the driver must perform. ``timeout`` bounds the whole exchange."""
+
+    method: Literal["GET", "POST"]
+    path: str
+    timeout: float
+    params: Mapping[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    """A complete HTTP response."""
+
+    status: int
+    body: bytes
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransportFailure:
+    """The exchange failed below HTTP: refused, reset, timed out, protocol error."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Sleep this many seconds, then send ``None``."""
+
+    seconds: float
+
+
+Step = HttpCall | Pause
+Outcome = HttpReply | TransportFailure | None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """What the agent wants to run, as sent to ``POST /v1/hooks/pre-tool-use``."""
+
+    tool_name: str
+    arguments: Mapping[str, Any]
+    idempotency_key: str
+    session_id: str | None = None
+    tool_call_id: str | None = None
+    user_id: str | None = None
+    metadata: Mapping[str, Any] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        tool_name: str,
+        arguments: Mapping[str, Any] | None,
+        *,
+        runtime: str,
+        session_id: str | None = None,
+        tool_call_id: str | None = None,
+        user_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> ToolCall:
+        """Fill in the idempotency key: explicit, else from the runtime ids, else a fresh one.
+
+        A fresh key still makes this call's own retries idempotent.
+        """
+        key = (
+            idempotency_key
+            or make_idempotency_key(runtime, session_id, tool_call_id)
+            or f"{runtime}:auto:{uuid.uuid4().hex}"
+        )
+        return cls(
+            tool_name=tool_name,
+            arguments=dict(arguments or {}),
+            idempotency_key=key,
+            session_id=session_id,
+            tool_call_id=tool_call_id,
+            user_id=user_id,
+            metadata=metadata,
+        )
+
+    def body(self) -> bytes:
+        """The JSON request body (raises ``ValueError``/``TypeError`` if unencodable)."""
+        payload: dict[str, Any] = {
+            "tool_name": self.tool_name,
+            "arguments": self.arguments,
+            "idempotency_key": self.idempotency_key,
+        }
+        for name in ("session_id", "tool_call_id", "user_id", "metadata"):
+            value = getattr(self, name)
+            if value is not None:
+                payload[name] = value
+        return json.dumps(payload, default=_json_default, allow_nan=False, ensure_ascii=False).encode()
+
+
+def _json_default(value: Any) -> Any:
+    """Best-effort JSON for tool arguments that are not plain JSON types."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+# --------------------------------------------------------------------------- interpretation
+
+
+@dataclass(frozen=True, slots=True)
+class _Final:
+    decision: GateDecision
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    request_id: str
+    request: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    error: str
+    after: float | None = None
+
+
+_Verdict = _Final | _Pending | _Retry
+
+
+def _unavailable(reason: str, request_id: str | None = None) -> GateDecision:
+    return GateDecision(allowed=False, reason=reason, request_id=request_id, failure=GateFailure.UNAVAILABLE)
+
+
+def _detail(body: bytes) -> str:
+    """A short, printable error detail from an error response body."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        text = body.decode("utf-8", "replace").strip()
+        return text[:200]
+    if isinstance(data, dict):
+        detail = data.get("detail", data.get("error", data.get("message")))
+        if detail is not None:
+            text = detail if isinstance(detail, str) else json.dumps(detail)
+            return text[:200]
+    return json.dumps(data)[:200]
+
+
+def _http_error(reply: HttpReply, *, what: str) -> _Verdict:
+    """Non-200 statuses: retry what a restart or overload explains, deny the rest."""
+    status = reply.status
+    if status >= 500 or status in _RETRYABLE_4XX:
+        return _Retry(f"HTTP {status} from Signoff", reply.retry_after)
+    detail = _detail(reply.body)
+    suffix = f": {detail}" if detail else ""
+    if status in (401, 403):
+        return _Final(_unavailable(f"Signoff refused the API key (HTTP {status}){suffix}"))
+    if status == 404:
+        return _Final(_unavailable(f"Signoff does not know {what} (HTTP 404){suffix}"))
+    return _Final(_unavailable(f"Signoff rejected {what} (HTTP {status}){suffix}"))
+
+
+def _load_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _opt_str(data: Mapping[str, Any], key: str) -> tuple[bool, str | None]:
+    value = data.get(key)
+    if value is None or isinstance(value, str):
+        return True, value
+    return False, None
+
+
+def _opt_obj(data: Mapping[str, Any], key: str) -> tuple[bool, dict[str, Any] | None]:
+    value = data.get(key)
+    if value is None or isinstance(value, dict):
+        return True, value
+    return False, None
+
+
+def _who(request: Mapping[str, Any]) -> str:
+    by = request.get("decided_by")
+    if not isinstance(by, dict):
+        return ""
+    name = by.get("name") or by.get("user_id")
+    channel = by.get("channel")
+    if not isinstance(name, str) or not name:
+        return ""
+    return f" by {name} ({channel})" if isinstance(channel, str) and channel else f" by {name}"
+
+
+def describe_request(request: Mapping[str, Any]) -> str:
+    """A one-line account of a terminal request, for the agent to show."""
+    status = request.get("status")
+    reason = request.get("reason")
+    note = f": {reason}" if isinstance(reason, str) and reason else ""
+    rid = request.get("id")
+    if status == "approved":
+        return f"Approved{_who(request)}{note}"
+    if status == "rejected":
+        return f"Rejected{_who(request)}{note}"
+    if status == "expired":
+        return f"The approval request {rid} expired before anyone decided{note}"
+    if status == "cancelled":
+        return f"The approval request {rid} was cancelled{note}"
+    return f"The approval request {rid} is {status}"
+
+
+def interpret_request(
+    reply: HttpReply | TransportFailure, *, request_id: str, modified_arguments: dict[str, Any] | None
+) -> _Verdict:
+    """Interpret a ``<Request>`` answer (from ``/wait``, ``GET`` or ``/cancel``)."""
+    if isinstance(reply, TransportFailure):
+        return _Retry(reply.error)
+    if reply.status != 200:
+        return _http_error(reply, what=f"request {request_id}")
+    data = _load_object(reply.body)
+    status = data.get("status") if data is not None else None
+    if data is None or status not in _STATUSES:
+        return _Final(_unavailable(f"malformed answer from Signoff for request {request_id}", request_id))
+    if data.get("id") not in (None, request_id):
+        return _Final(_unavailable(f"Signoff answered about another request than {request_id}", request_id))
+    if status == "pending":
+        return _Pending(request_id, data)
+    allowed = status == "approved"
+    return _Final(
+        GateDecision(
+            allowed=allowed,
+            reason=describe_request(data),
+            request_id=request_id,
+            modified_arguments=modified_arguments if allowed else None,
+            request=data,
+        )
+    )
+
+
+def settle_request(reply: HttpReply | TransportFailure, *, request_id: str) -> GateDecision:
+    """One-shot interpretation of a ``<Request>`` answer (no retries): pending → a pending deny."""
+    verdict = interpret_request(reply, request_id=request_id, modified_arguments=None)
+    if isinstance(verdict, _Final):
+        return verdict.decision
+    if isinstance(verdict, _Pending):
+        return GateDecision(
+            False, f"request {request_id} is still pending", request_id, request=verdict.request, pending=True
+        )
+    return _unavailable(f"Signoff unreachable for request {request_id} ({verdict.error})", request_id)
+
+
+def interpret_submit(reply: HttpReply | TransportFailure) -> tuple[_Verdict, dict[str, Any] | None]:
+    """Interpret the ``pre-tool-use`` answer; also return the rewritten arguments, if any."""
+    if isinstance(reply, TransportFailure):
+        return _Retry(reply.error), None
+    if reply.status != 200:
+        return _http_error(reply, what="the tool call"), None
+    malformed = _Final(_unavailable("malformed answer from Signoff"))
+    data = _load_object(reply.body)
+    if data is None:
+        return malformed, None
+    ok_reason, reason = _opt_str(data, "reason")
+    ok_id, request_id = _opt_str(data, "request_id")
+    ok_req, request = _opt_obj(data, "request")
+    ok_args, modified = _opt_obj(data, "modified_arguments")
+    if not (ok_reason and ok_id and ok_req and ok_args):
+        return malformed, None
+    if request_id is None and request is not None and isinstance(request.get("id"), str):
+        request_id = request["id"]
+    status = request.get("status") if request is not None else None
+    decision = data.get("decision")
+    if decision == Decision.ALLOW:
+        # An allow that contradicts its own request record is not trusted.
+        if status not in (None, "approved"):
+            return malformed, None
+        return _Final(GateDecision(True, reason, request_id, modified, request=request)), modified
+    if decision == Decision.DENY:
+        reason = reason or (describe_request(request) if request else "denied by Signoff")
+        return _Final(GateDecision(False, reason, request_id, request=request)), modified
+    if decision == Decision.PENDING and request_id:
+        return _Pending(request_id, request), modified
+    return malformed, None
+
+
+# --------------------------------------------------------------------------- the flow
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSettings:
+    """Timing knobs of one gated call (seconds)."""
+
+    deadline: float = DEFAULT_DEADLINE
+    poll_timeout: float = DEFAULT_POLL_TIMEOUT
+    cancel_on_deadline: bool = False
+    backoff_initial: float = 0.5
+    backoff_max: float = 10.0
+    submit_deadline: float = DEFAULT_SUBMIT_DEADLINE
+    """How long to keep trying to reach Signoff before any request exists. Once a request
+    is pending, only ``deadline`` ends the wait (re-attaching across restarts)."""
+
+
+def _backoff(settings: FlowSettings, attempt: int, retry_after: float | None) -> float:
+    """Exponential backoff with jitter (attempt ≥ 1), at least ``Retry-After`` when given."""
+    ceiling = min(settings.backoff_max, settings.backoff_initial * 2.0 ** min(attempt - 1, 30))
+    delay = ceiling * random.uniform(0.5, 1.0)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, settings.backoff_max * 6))
+    return delay
+
+
+def wait_path(request_id: str) -> str:
+    return f"/v1/requests/{quote(request_id, safe='')}/wait"
+
+
+def cancel_path(request_id: str) -> str:
+    return f"/v1/requests/{quote(request_id, safe='')}/cancel"
+
+
+def request_path(request_id: str) -> str:
+    return f"/v1/requests/{quote(request_id, safe='')}"
+
+
+def cancel_flow(request_id: str) -> Generator[Step, Outcome, GateDecision]:
+    """Cancel a request once; if that fails (409: already decided), read its final state.
+
+    Returns the request's outcome as a decision: a cancelled request denies, one
+    approved before the cancel landed allows.
+    """
+    reply = yield HttpCall("POST", cancel_path(request_id), CANCEL_TIMEOUT)
+    assert reply is not None
+    decision = settle_request(reply, request_id=request_id)
+    if decision.failure is None and not decision.pending:
+        return decision
+    reply = yield HttpCall("GET", request_path(request_id), CANCEL_TIMEOUT)
+    assert reply is not None
+    after = settle_request(reply, request_id=request_id)
+    return after if after.failure is None else decision
+
+
+def gate_flow(
+    call: ToolCall, settings: FlowSettings, clock: Callable[[], float], *, wait: bool = True
+) -> Generator[Step, Outcome, GateDecision]:
+    """Drive one gated call to a decision. See the module docstring for the protocol.
+
+    With ``wait=False`` a pending answer ends the flow with ``GateDecision(pending=True)``.
+    """
+    end = clock() + settings.deadline
+    try:
+        body = call.body()
+    except (TypeError, ValueError) as exc:
+        return _unavailable(f"the arguments of {call.tool_name} cannot be sent as JSON: {exc}")
+
+    # Phase 1: submit (retried with the same idempotency key, so never duplicated).
+    attempt = 0
+    last_error = "no attempt made"
+    modified: dict[str, Any] | None = None
+    submit_window = min(settings.deadline, settings.submit_deadline)
+    submit_end = clock() + submit_window
+    while True:
+        remaining = submit_end - clock()
+        if remaining <= 0:
+            return _unavailable(
+                f"Signoff did not answer within {submit_window:g}s (last error: {last_error})"
+            )
+        reply = yield HttpCall("POST", _SUBMIT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
+        assert reply is not None
+        verdict, modified = interpret_submit(reply)
+        if isinstance(verdict, _Final):
+            return verdict.decision
+        if isinstance(verdict, _Pending):
+            pending = verdict
+            break
+        attempt += 1
+        last_error = verdict.error
+        yield Pause(min(_backoff(settings, attempt, verdict.after), max(0.0, submit_end - clock())))
+
+    # Phase 2: long-poll the request by id; re-attach after drops, 5xx and restarts.
+    request_id = pending.request_id
+    if not wait:
+        return GateDecision(
+            allowed=False,
+            reason=f"Waiting for approval (Signoff request {request_id})",
+            request_id=request_id,
+            modified_arguments=modified,
+            request=pending.request,
+            pending=True,
+        )
+    attempt = 0
+    last_error = ""
+    while True:
+        remaining = end - clock()
+        if remaining <= 0:
+            break
+        server_wait = max(1, min(int(settings.poll_timeout), MAX_POLL_TIMEOUT, int(remaining)))
+        started = clock()
+        reply = yield HttpCall(
+            "GET",
+            wait_path(request_id),
+            min(server_wait + WAIT_MARGIN, remaining),
+            params={"timeout": str(server_wait)},
+        )
+        assert reply is not None
+        wait_verdict = interpret_request(reply, request_id=request_id, modified_arguments=modified)
+        if isinstance(wait_verdict, _Final):
+            return wait_verdict.decision
+        if isinstance(wait_verdict, _Pending):
+            attempt = 0
+            last_error = ""
+            if clock() - started < min(_FAST_PENDING, server_wait / 2):
+                yield Pause(min(settings.backoff_initial, max(0.0, end - clock())))
+            continue
+        attempt += 1
+        last_error = f" (last error: {wait_verdict.error})"
+        yield Pause(min(_backoff(settings, attempt, wait_verdict.after), max(0.0, end - clock())))
+
+    note = "is still pending"
+    if settings.cancel_on_deadline:
+        # Best effort, past the deadline by at most twice CANCEL_TIMEOUT. A decision that won
+        # the race against the cancel is honoured (approved → allow).
+        outcome = yield from cancel_flow(request_id)
+        note = "is still pending (cancelling it failed)"
+        if outcome.failure is None and not outcome.pending:
+            if outcome.allowed:
+                return replace(outcome, modified_arguments=modified)
+            if (outcome.request or {}).get("status") != "cancelled":
+                return outcome
+            note = "was cancelled"
+    return GateDecision(
+        allowed=False,
+        reason=(
+            f"No decision on {call.tool_name} within {settings.deadline:g}s; "
+            f"Signoff request {request_id} {note}{last_error}"
+        ),
+        request_id=request_id,
+        failure=GateFailure.TIMEOUT,
+    )

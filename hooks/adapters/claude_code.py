@@ -1,0 +1,233 @@
+"""Claude Code ``PreToolUse`` command hook: ``signoff hook claude-code``.
+
+Reads the hook's JSON on stdin, asks Signoff (waiting for a person when a gate
+matches), and answers on stdout with ``hookSpecificOutput.permissionDecision``.
+
+Claude Code lets a tool call through when a command hook times out, crashes or
+exits with any code but 0 or 2, so this hook keeps an internal deadline below
+the configured hook ``timeout`` and **exits 2 on every error** (Signoff
+unreachable, deadline reached, bad configuration, malformed stdin, a bug):
+exit 2 blocks the call and shows stderr to Claude.
+
+========================================  =====================================
+Signoff says                              the hook answers
+========================================  =====================================
+approved by a person                      ``allow`` (exit 0)
+denied (policy or person)                 ``deny`` with the reason (exit 0)
+allowed without asking anyone             no decision — Claude Code's own permission rules
+                                          apply (``{}``, exit 0); ``allow`` with
+                                          ``--allow-unmatched``; ``ask`` with the rewritten
+                                          input when Signoff rewrote it
+timeout / unavailable / any error         exit 2, reason on stderr
+========================================  =====================================
+
+Settings (``.claude/settings.json``)::
+
+    {"hooks": {"PreToolUse": [{"matcher": "^(Bash|Write|Edit)$|^mcp__",
+      "hooks": [{"type": "command", "command": "signoff",
+                 "args": ["hook", "claude-code", "--timeout", "3600"], "timeout": 3600,
+                 "statusMessage": "Waiting for approval…", "onFailure": "block"}]}]}}
+
+``--timeout`` must repeat the handler's ``timeout`` (or set ``SIGNOFF_HOOK_TIMEOUT``;
+default 600, Claude Code's default). ``SIGNOFF_URL`` and ``SIGNOFF_API_KEY`` come
+from the environment. The idempotency key is ``claude-code:<session_id>:<tool_use_id>``,
+so a re-fired hook for the same call (``defer`` + ``--resume``) re-attaches to the
+same request, which is why the hook does not cancel it on its deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from hooks.client import ENV_API_KEY, ENV_URL, GateClient, GateDecision, GateDenied, make_idempotency_key
+
+__all__ = ["DEFAULT_HOOK_TIMEOUT", "ENV_HOOK_TIMEOUT", "RUNTIME", "build_output", "internal_deadline", "main"]
+
+RUNTIME = "claude-code"
+ENV_HOOK_TIMEOUT = "SIGNOFF_HOOK_TIMEOUT"
+DEFAULT_HOOK_TIMEOUT = 600.0
+"""Claude Code's default ``timeout`` for command hooks, in seconds."""
+MAX_INPUT = 8 * 1024 * 1024
+EXIT_BLOCK = 2
+
+_METADATA_FIELDS = ("cwd", "permission_mode", "prompt_id", "agent_id", "agent_type")
+
+
+class _Refused(Exception):
+    """Any reason to block the call with exit 2."""
+
+
+def internal_deadline(hook_timeout: float) -> float:
+    """Seconds the hook may wait for Signoff, safely below Claude Code's ``timeout``.
+
+    Keeps 10 % of the timeout in reserve (at least 5 s, at most 300 s, never more
+    than half): 3600 → 3300, 600 → 540, 60 → 54, 8 → 4.
+    """
+    margin = min(300.0, max(5.0, hook_timeout * 0.1))
+    return max(hook_timeout - margin, hook_timeout * 0.5)
+
+
+def _parse_input(raw: str) -> dict[str, Any]:
+    if len(raw) > MAX_INPUT:
+        raise _Refused("hook input is too large")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise _Refused(f"hook input is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _Refused("hook input is not a JSON object")
+    event = data.get("hook_event_name", "PreToolUse")
+    if event != "PreToolUse":
+        raise _Refused(f"this hook handles PreToolUse, not {event!r}")
+    if not isinstance(data.get("tool_name"), str) or not data["tool_name"]:
+        raise _Refused("hook input has no tool_name")
+    if not isinstance(data.get("tool_input"), dict):
+        raise _Refused("hook input has no tool_input object")
+    for name in ("session_id", "tool_use_id"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise _Refused(f"hook input field {name} is not a string")
+    return data
+
+
+def build_output(decision: GateDecision, *, allow_unmatched: bool = False) -> dict[str, Any] | None:
+    """The JSON to print for a decision, or ``None`` when the hook must exit 2 instead."""
+    if decision.failure is not None or decision.pending:
+        return None
+    output: dict[str, Any] = {"hookEventName": "PreToolUse"}
+    if not decision.allowed:
+        output["permissionDecision"] = "deny"
+        output["permissionDecisionReason"] = f"Signoff: {decision.reason or 'denied'}"
+        return {"hookSpecificOutput": output}
+    if decision.modified_arguments is not None:
+        output["updatedInput"] = decision.modified_arguments
+    if decision.request_id is not None or allow_unmatched:
+        output["permissionDecision"] = "allow"
+        output["permissionDecisionReason"] = f"Signoff: {decision.reason or 'allowed'}"
+    elif decision.modified_arguments is not None:
+        # Rewritten but nobody approved: show the new input instead of skipping the prompt.
+        output["permissionDecision"] = "ask"
+        output["permissionDecisionReason"] = "Signoff rewrote this tool call's input"
+    else:
+        return {}
+    return {"hookSpecificOutput": output}
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="signoff hook claude-code",
+        description="Claude Code PreToolUse command hook: ask Signoff before a tool runs.",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"the hook's configured timeout in seconds (default ${ENV_HOOK_TIMEOUT} or 600)",
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=None, help="seconds to wait (default: below --timeout)"
+    )
+    parser.add_argument(
+        "--url", default=None, help=f"Signoff's URL (default ${ENV_URL}; the key is ${ENV_API_KEY})"
+    )
+    parser.add_argument(
+        "--user-id", default=None, help="who runs Claude Code (approvers cannot be the requester)"
+    )
+    parser.add_argument(
+        "--allow-unmatched",
+        action="store_true",
+        help="answer allow (skipping Claude Code's prompt) when no Signoff gate matched",
+    )
+    return parser.parse_args(argv)
+
+
+def _budget(args: argparse.Namespace) -> float:
+    timeout = args.timeout
+    if timeout is None:
+        raw = os.environ.get(ENV_HOOK_TIMEOUT)
+        try:
+            timeout = float(raw) if raw else DEFAULT_HOOK_TIMEOUT
+        except ValueError:
+            raise _Refused(f"{ENV_HOOK_TIMEOUT} is not a number: {raw!r}") from None
+    if not timeout > 0:
+        raise _Refused("the hook timeout must be positive")
+    limit = internal_deadline(timeout)
+    if args.deadline is None:
+        return limit
+    if not 0 < args.deadline <= limit:
+        raise _Refused(f"--deadline must be > 0 and at most {limit:g}s for a {timeout:g}s hook timeout")
+    return float(args.deadline)
+
+
+def _ask(data: dict[str, Any], client: GateClient, deadline: float, user_id: str | None) -> GateDecision:
+    session_id, tool_use_id = data.get("session_id"), data.get("tool_use_id")
+    metadata: dict[str, Any] = {"runtime": RUNTIME}
+    metadata.update({k: data[k] for k in _METADATA_FIELDS if isinstance(data.get(k), str)})
+    return client.pre_tool_use(
+        data["tool_name"],
+        data["tool_input"],
+        session_id=session_id,
+        tool_call_id=tool_use_id,
+        user_id=user_id,
+        metadata=metadata,
+        idempotency_key=make_idempotency_key(RUNTIME, session_id, tool_use_id),
+        deadline=deadline,
+    )
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    *,
+    stderr: TextIO | None = None,
+    client: GateClient | None = None,
+) -> int:
+    """Run the hook once. Returns the exit code: 0 with a JSON answer, or 2 to block.
+
+    ``client`` replaces the one built from the environment (tests); it is not closed.
+    """
+    started = time.monotonic()
+    stdin = stdin if stdin is not None else sys.stdin
+    stdout = stdout if stdout is not None else sys.stdout
+    stderr = stderr if stderr is not None else sys.stderr
+    owned: GateClient | None = None
+    try:
+        try:
+            args = _arguments(argv)
+        except SystemExit as exc:  # argparse: --help exits 0, usage errors exit 2
+            return 0 if exc.code == 0 else EXIT_BLOCK
+        budget = _budget(args)
+        data = _parse_input(stdin.read(MAX_INPUT + 1))
+        if client is None:
+            client = owned = GateClient(url=args.url, runtime=RUNTIME)
+        remaining = budget - (time.monotonic() - started)
+        if remaining <= 0:
+            raise _Refused("no time left to ask Signoff")
+        decision = _ask(data, client, remaining, args.user_id)
+        output = build_output(decision, allow_unmatched=args.allow_unmatched)
+        if output is None:
+            raise _Refused(decision.reason or "Signoff gave no decision")
+        stdout.write(json.dumps(output) + "\n")
+        stdout.flush()
+        return 0
+    except BaseException as exc:  # every failure, even Ctrl-C, must block the call
+        reason = str(exc) if isinstance(exc, _Refused | GateDenied) else f"{type(exc).__name__}: {exc}"
+        try:
+            stderr.write(f"Blocked by the Signoff approval hook: {reason}\n")
+            stderr.flush()
+        except BaseException:
+            pass  # nothing left to report to; the exit code still blocks
+        return EXIT_BLOCK
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

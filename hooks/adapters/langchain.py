@@ -1,0 +1,163 @@
+"""LangChain v1 / LangGraph: an agent middleware that gates tool calls through Signoff.
+
+```python
+from langchain.agents import create_agent
+from hooks.adapters.langchain import SignoffMiddleware
+from hooks.client import GateClient
+
+agent = create_agent(model, tools, middleware=[SignoffMiddleware(GateClient(), tools=["pay_invoice"])])
+```
+
+It wraps each tool call (``wrap_tool_call`` / ``awrap_tool_call``) and waits for
+Signoff *inline*, so no checkpointer is needed: allowed → the tool runs (with
+Signoff's rewritten arguments, if any); anything else — denied, the deadline,
+Signoff unreachable, an error — → the tool does not run and the model gets a
+``ToolMessage(status="error")`` with the reason.
+
+The idempotency key is ``langchain:<thread_id>:<tool_call_id>`` (``thread_id`` from
+``config["configurable"]``), so a graph that re-executes the node on resume
+re-attaches to the same Signoff request instead of creating a second one.
+Without a ``thread_id`` each call gets a fresh key.
+
+Use a :class:`GateClient` for ``invoke``/``stream``; for ``ainvoke``/``astream`` an
+:class:`AsyncGateClient` (a sync client also works there, in a worker thread).
+Requires ``pip install 'signoff[langchain]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+try:
+    from langchain.agents.middleware import AgentMiddleware, AgentState, ToolCallRequest
+    from langchain_core.messages import ToolMessage
+    from langgraph.types import Command
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("hooks.adapters.langchain needs LangChain: pip install 'signoff[langchain]'") from exc
+
+from hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
+
+__all__ = ["RUNTIME", "SignoffMiddleware"]
+
+RUNTIME = "langchain"
+
+_Result = ToolMessage | Command[Any]
+
+
+def _thread_id(request: ToolCallRequest) -> str | None:
+    config = getattr(request.runtime, "config", None)
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    thread = configurable.get("thread_id") if isinstance(configurable, dict) else None
+    return str(thread) if thread is not None else None
+
+
+def _crashed(exc: Exception) -> GateDecision:
+    return GateDecision(
+        False, f"Signoff gate error ({type(exc).__name__}: {exc})", failure=GateFailure.UNAVAILABLE
+    )
+
+
+class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """Ask Signoff before each covered tool call; run it only when allowed.
+
+    Args:
+        client: A :class:`GateClient` (sync and async agents) or an
+            :class:`AsyncGateClient` (async agents only).
+        tools: Names of the tools to gate; ``None`` gates every tool.
+        deadline: Seconds to wait per call; default the client's.
+        user_id: Sent as the requester (approvers cannot approve their own calls).
+    """
+
+    def __init__(
+        self,
+        client: GateClient | AsyncGateClient,
+        *,
+        tools: Collection[str] | None = None,
+        deadline: float | None = None,
+        user_id: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.client = client
+        self.gated_tools = None if tools is None else frozenset(tools)
+        self.deadline = deadline
+        self.user_id = user_id
+
+    def covers(self, tool_name: str) -> bool:
+        """Whether calls of ``tool_name`` go through Signoff."""
+        return self.gated_tools is None or tool_name in self.gated_tools
+
+    def _options(self, request: ToolCallRequest) -> dict[str, Any]:
+        thread = _thread_id(request)
+        call_id = request.tool_call.get("id")
+        return {
+            "session_id": thread,
+            "tool_call_id": call_id,
+            "user_id": self.user_id,
+            "metadata": {"runtime": RUNTIME},
+            "idempotency_key": make_idempotency_key(RUNTIME, thread, call_id),
+            "deadline": self.deadline,
+        }
+
+    @staticmethod
+    def _denied(request: ToolCallRequest, decision: GateDecision) -> ToolMessage:
+        if decision.failure is not None:
+            text = f"The tool call was not run: Signoff could not confirm it ({decision.reason})."
+        else:
+            text = f"The tool call was denied: {decision.reason or 'denied by Signoff'}."
+        return ToolMessage(
+            content=text,
+            name=request.tool_call["name"],
+            tool_call_id=request.tool_call.get("id") or "",
+            status="error",
+        )
+
+    @staticmethod
+    def _approved(request: ToolCallRequest, decision: GateDecision) -> ToolCallRequest:
+        if decision.modified_arguments is None:
+            return request
+        return request.override(tool_call={**request.tool_call, "args": dict(decision.modified_arguments)})
+
+    def wrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], _Result]
+    ) -> _Result:
+        """Synchronous agents (``invoke``/``stream``)."""
+        name = request.tool_call["name"]
+        if not self.covers(name):
+            return handler(request)
+        if isinstance(self.client, AsyncGateClient):
+            decision = GateDecision(
+                False,
+                "SignoffMiddleware got an AsyncGateClient but the agent runs synchronously; use GateClient",
+                failure=GateFailure.UNAVAILABLE,
+            )
+        else:
+            try:
+                decision = self.client.pre_tool_use(name, request.tool_call["args"], **self._options(request))
+            except Exception as exc:
+                decision = _crashed(exc)
+        if not decision.allowed:
+            return self._denied(request, decision)
+        return handler(self._approved(request, decision))
+
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[_Result]]
+    ) -> _Result:
+        """Asynchronous agents (``ainvoke``/``astream``)."""
+        name = request.tool_call["name"]
+        if not self.covers(name):
+            return await handler(request)
+        args, options = request.tool_call["args"], self._options(request)
+        try:
+            if isinstance(self.client, AsyncGateClient):
+                decision = await self.client.pre_tool_use(name, args, **options)
+            else:
+                ask = functools.partial(self.client.pre_tool_use, name, args, **options)
+                decision = await asyncio.to_thread(ask)
+        except Exception as exc:
+            decision = _crashed(exc)
+        if not decision.allowed:
+            return self._denied(request, decision)
+        return await handler(self._approved(request, decision))

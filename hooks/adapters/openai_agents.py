@@ -1,0 +1,188 @@
+"""OpenAI Agents SDK: a ``needs_approval`` policy and a resolver that decides through Signoff.
+
+```python
+from agents import Agent, function_tool
+from hooks.adapters.openai_agents import SignoffApprovals
+from hooks.client import AsyncGateClient
+
+signoff = SignoffApprovals(AsyncGateClient(), session_id=conversation_id)
+
+@function_tool(needs_approval=signoff.needs_approval("pay_invoice"))
+def pay_invoice(invoice_id: str, amount: int) -> str: ...
+
+result = await signoff.run(agent, "pay the March invoices")  # resolves interruptions until done
+```
+
+``needs_approval(tool_name)`` submits the call to Signoff without waiting (so the
+approvers get their card at once) and interrupts the run unless Signoff allows it
+outright; any error interrupts too. ``resolve(result)`` asks Signoff about each
+interruption of the run — waiting for a person — and calls ``state.approve(item)`` or
+``state.reject(item, rejection_message=reason)``; ``run(...)`` repeats run → resolve →
+run until no interruption is left. A rejected call's body never runs and the model
+sees the reason as its output. The SDK cannot apply rewritten arguments on approval,
+so a call Signoff rewrote is rejected (fail closed).
+
+The idempotency key is ``openai-agents:<session_id>:<call_id>``; ``needs_approval`` and
+``resolve`` use the same one, so the request created up front is the one waited on.
+Pass a stable ``session_id`` (the conversation id) when a ``RunState`` may be resumed
+in another process; the default is random per :class:`SignoffApprovals`.
+Requires ``pip install 'signoff[openai-agents]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+try:
+    from agents import Agent, RunContextWrapper, Runner, RunResult, RunResultStreaming, RunState
+    from agents.items import ToolApprovalItem
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "hooks.adapters.openai_agents needs the OpenAI Agents SDK: pip install 'signoff[openai-agents]'"
+    ) from exc
+
+from hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure
+
+__all__ = ["RUNTIME", "NeedsApproval", "SignoffApprovals"]
+
+RUNTIME = "openai-agents"
+
+NeedsApproval = Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
+"""The ``needs_approval`` callable type of ``function_tool``."""
+
+
+def _refused(reason: str) -> GateDecision:
+    return GateDecision(False, reason, failure=GateFailure.UNAVAILABLE)
+
+
+def _rejection(decision: GateDecision) -> str:
+    if decision.failure is not None:
+        return f"The tool call was not run: Signoff could not confirm it ({decision.reason})."
+    return f"The tool call was denied: {decision.reason or 'denied by Signoff'}."
+
+
+class SignoffApprovals:
+    """Route an OpenAI Agents run's tool approvals through Signoff.
+
+    Args:
+        client: An :class:`AsyncGateClient` (a :class:`GateClient` also works, in a thread).
+        session_id: Middle part of the idempotency keys; default random per instance.
+        tools: Resolve only interruptions of these tools (others stay pending); ``None``: all.
+        deadline: Seconds to wait per call; default the client's.
+        user_id: Sent as the requester (approvers cannot approve their own calls).
+    """
+
+    def __init__(
+        self,
+        client: AsyncGateClient | GateClient,
+        *,
+        session_id: str | None = None,
+        tools: Collection[str] | None = None,
+        deadline: float | None = None,
+        user_id: str | None = None,
+    ) -> None:
+        self.client = client
+        self.session_id = session_id or uuid.uuid4().hex
+        self.tools = None if tools is None else frozenset(tools)
+        self.deadline = deadline
+        self.user_id = user_id
+
+    def idempotency_key(self, call_id: str) -> str:
+        """``openai-agents:<session_id>:<call_id>``."""
+        return f"{RUNTIME}:{self.session_id}:{call_id}"
+
+    async def _ask(
+        self, tool_name: str, arguments: dict[str, Any], call_id: str, *, wait: bool
+    ) -> GateDecision:
+        options: dict[str, Any] = {
+            "session_id": self.session_id,
+            "tool_call_id": call_id,
+            "user_id": self.user_id,
+            "metadata": {"runtime": RUNTIME},
+            "idempotency_key": self.idempotency_key(call_id),
+            "deadline": self.deadline,
+            "wait": wait,
+        }
+        if isinstance(self.client, AsyncGateClient):
+            return await self.client.pre_tool_use(tool_name, arguments, **options)
+        ask = functools.partial(self.client.pre_tool_use, tool_name, arguments, **options)
+        return await asyncio.to_thread(ask)
+
+    def needs_approval(self, tool_name: str) -> NeedsApproval:
+        """A ``function_tool(needs_approval=...)`` policy for ``tool_name``.
+
+        Submits the call at once; returns ``False`` (run it) only when Signoff allows it
+        without changes, ``True`` (interrupt, then :meth:`resolve`) otherwise.
+        """
+
+        async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+            try:
+                decision = await self._ask(tool_name, params, call_id, wait=False)
+            except Exception:
+                return True
+            return not (decision.allowed and decision.modified_arguments is None)
+
+        return needs_approval
+
+    async def decide(self, item: ToolApprovalItem) -> GateDecision:
+        """Signoff's decision on one interruption (waits for a person; never raises)."""
+        try:
+            raw = item.arguments or "{}"
+            try:
+                arguments = json.loads(raw)
+            except ValueError:
+                return _refused("its arguments are not valid JSON")
+            if not isinstance(arguments, dict):
+                return _refused("its arguments are not a JSON object")
+            call_id = item.call_id or uuid.uuid4().hex
+            decision = await self._ask(item.name or "", arguments, call_id, wait=True)
+            if decision.allowed and decision.modified_arguments not in (None, arguments):
+                return _refused("Signoff rewrote its arguments, which this runtime cannot apply")
+            return decision
+        except Exception as exc:
+            return _refused(f"Signoff gate error ({type(exc).__name__}: {exc})")
+
+    def covers(self, item: ToolApprovalItem) -> bool:
+        """Whether this interruption is Signoff's to resolve."""
+        return self.tools is None or item.name in self.tools
+
+    async def resolve(self, result: RunResult | RunResultStreaming | RunState[Any]) -> RunState[Any]:
+        """Approve or reject the run's interruptions through Signoff; return the state to resume."""
+        state = result if isinstance(result, RunState) else result.to_state()
+        items = [item for item in state.get_interruptions() if self.covers(item)]
+        decisions = await asyncio.gather(*(self.decide(item) for item in items))
+        for item, decision in zip(items, decisions, strict=True):
+            if decision.allowed:
+                state.approve(item)
+            else:
+                state.reject(item, rejection_message=_rejection(decision))
+        return state
+
+    async def run(
+        self,
+        agent: Agent[Any],
+        input: str | list[Any],
+        *,
+        context: Any = None,
+        max_rounds: int = 16,
+        **options: Any,
+    ) -> RunResult:
+        """``Runner.run`` that resolves interruptions through Signoff and resumes, until none is left.
+
+        ``options`` go to every ``Runner.run`` call (``max_turns``, ``run_config``…); the
+        ``context`` to the first only (the resumed state carries it). Stops after
+        ``max_rounds`` resumptions or when the remaining interruptions are not covered,
+        returning the last result with those interruptions still pending.
+        """
+        result = await Runner.run(agent, input, context=context, **options)
+        for _ in range(max_rounds):
+            if not any(self.covers(item) for item in result.interruptions):
+                break
+            state = await self.resolve(result)
+            result = await Runner.run(agent, state, **options)
+        return result

@@ -1,0 +1,166 @@
+"""Pydantic AI: gate tool calls through Signoff as deferred tool approvals.
+
+```python
+from hooks.adapters.pydantic_ai import SignoffApprovals
+from hooks.client import AsyncGateClient
+
+agent = Agent(model, capabilities=[SignoffApprovals(AsyncGateClient(), tools=["pay_invoice"])])
+```
+
+Each covered call is deferred (``ApprovalRequired``) in ``before_tool_execute``, then
+resolved inline in ``handle_deferred_tool_calls`` — the path Pydantic AI recommends,
+with ``DeferredToolRequestsEvent`` / ``DeferredToolResultsEvent`` and ``answered_by``.
+Calls deferred in the same step are asked concurrently. An allow becomes
+``ToolApproved`` (with Signoff's rewritten arguments, if any); anything else —
+a denial, the deadline, Signoff unreachable, an error — becomes ``ToolDenied``, so
+the model sees the reason as the tool's answer and the tool body never runs.
+
+The approved call passes ``before_tool_execute`` again with ``ctx.tool_call_approved``;
+it runs only if *this* capability approved it. A call approved by something else (an
+earlier capability, or the application's ``deferred_tool_results``) is checked with
+Signoff inline and skipped with the denial as its result if Signoff does not allow it.
+
+The idempotency key is ``pydantic-ai:<conversation_id or run_id>:<tool_call_id>``.
+Requires ``pip install 'signoff[pydantic-ai]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    from pydantic_ai import (
+        ApprovalRequired,
+        DeferredToolRequests,
+        DeferredToolResults,
+        RunContext,
+        SkipToolExecution,
+        ToolApproved,
+        ToolDefinition,
+        ToolDenied,
+    )
+    from pydantic_ai.capabilities import AbstractCapability, ValidatedToolArgs
+    from pydantic_ai.messages import ToolCallPart
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "hooks.adapters.pydantic_ai needs Pydantic AI: pip install 'signoff[pydantic-ai]'"
+    ) from exc
+
+from hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
+
+__all__ = ["RUNTIME", "SignoffApprovals"]
+
+RUNTIME = "pydantic-ai"
+_MARK = "signoff"
+
+
+def _denial(decision: GateDecision) -> str:
+    if decision.failure is not None:
+        return f"The tool call was not run: Signoff could not confirm it ({decision.reason})."
+    return f"The tool call was denied: {decision.reason or 'denied by Signoff'}."
+
+
+def _answered_by(decision: GateDecision) -> str:
+    by = (decision.request or {}).get("decided_by")
+    name = by.get("name") if isinstance(by, dict) else None
+    return name if isinstance(name, str) and name else "signoff"
+
+
+@dataclass
+class SignoffApprovals(AbstractCapability[Any]):
+    """A capability that asks Signoff before covered tools run.
+
+    Args:
+        client: An :class:`AsyncGateClient` (a :class:`GateClient` also works; it
+            waits in a worker thread).
+        tools: Names of the tools to gate; ``None`` gates every tool.
+        deadline: Seconds to wait per call; default the client's.
+        user_id: Sent as the requester (approvers cannot approve their own calls).
+    """
+
+    client: AsyncGateClient | GateClient
+    tools: Collection[str] | None = None
+    deadline: float | None = None
+    user_id: str | None = None
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        return None  # holds a live client: not loadable from a spec
+
+    def covers(self, tool_name: str) -> bool:
+        """Whether calls of ``tool_name`` go through Signoff."""
+        return self.tools is None or tool_name in self.tools
+
+    async def before_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+    ) -> ValidatedToolArgs:
+        """Defer covered calls until Signoff decides; let through only what it approved."""
+        if not self.covers(call.tool_name):
+            return args
+        if not ctx.tool_call_approved:
+            raise ApprovalRequired(metadata={_MARK: "ask"})
+        metadata = ctx.tool_call_metadata
+        if isinstance(metadata, dict) and metadata.get(_MARK) == "approved":
+            return args  # approved by our handler; ToolApproved already applied any rewrite
+        decision = await self._ask(ctx, call, args)
+        if decision.allowed:
+            return decision.arguments(args)
+        raise SkipToolExecution(_denial(decision))
+
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        """Ask Signoff about every call this capability deferred, concurrently."""
+        ours = [
+            call
+            for call in requests.approvals
+            if (requests.metadata.get(call.tool_call_id) or {}).get(_MARK) == "ask"
+        ]
+        if not ours:
+            return None
+        decisions = await asyncio.gather(*(self._ask(ctx, call, None) for call in ours))
+        approvals: dict[str, ToolApproved | ToolDenied] = {}
+        metadata: dict[str, dict[str, Any]] = {}
+        answered_by: dict[str, str] = {}
+        for call, decision in zip(ours, decisions, strict=True):
+            cid = call.tool_call_id
+            if decision.allowed:
+                approvals[cid] = ToolApproved(override_args=decision.modified_arguments)
+                metadata[cid] = {_MARK: "approved", "request_id": decision.request_id}
+            else:
+                approvals[cid] = ToolDenied(_denial(decision))
+            answered_by[cid] = _answered_by(decision)
+        return requests.build_results(approvals=approvals, metadata=metadata, answered_by=answered_by)
+
+    async def _ask(
+        self, ctx: RunContext[Any], call: ToolCallPart, args: dict[str, Any] | None
+    ) -> GateDecision:
+        """One Signoff decision; never raises (errors deny)."""
+        try:
+            arguments = args if args is not None else call.args_as_dict()
+            session = ctx.conversation_id or ctx.run_id
+            options: dict[str, Any] = {
+                "session_id": session,
+                "tool_call_id": call.tool_call_id,
+                "user_id": self.user_id,
+                "metadata": {"runtime": RUNTIME, "run_id": ctx.run_id},
+                "idempotency_key": make_idempotency_key(RUNTIME, session, call.tool_call_id),
+                "deadline": self.deadline,
+            }
+            if isinstance(self.client, AsyncGateClient):
+                return await self.client.pre_tool_use(call.tool_name, arguments, **options)
+            ask = functools.partial(self.client.pre_tool_use, call.tool_name, arguments, **options)
+            return await asyncio.to_thread(ask)
+        except Exception as exc:
+            return GateDecision(
+                False, f"Signoff gate error ({type(exc).__name__}: {exc})", failure=GateFailure.UNAVAILABLE
+            )

@@ -1,0 +1,230 @@
+"""The console in a real browser: Debian's Chromium driven by Playwright, against a real server.
+
+Set ``SIGNOFF_CONSOLE_SCREENSHOTS=docs`` to write the README's screenshots there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+
+from app.runtime import Runtime
+from app.settings import Settings
+from channels.fake import FakeChannel
+from tests.conftest import ADMIN_TOKEN, Server
+from tests.console.conftest import PASSWORDS, SESSION_SECRET, Agent
+
+CHROMIUM = Path(os.environ.get("SIGNOFF_TEST_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-proxy-server",
+]
+SCREENSHOTS = os.environ.get("SIGNOFF_CONSOLE_SCREENSHOTS")
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture
+async def console_server(runtime: Runtime) -> AsyncIterator[Server]:
+    """With the outbox running, so the request page shows cards actually sent."""
+    async with Server(runtime, background=True) as s:
+        yield s
+
+
+class Problems:
+    """JavaScript errors and console errors (a CSP violation is one) seen by a page."""
+
+    def __init__(self, page: Page) -> None:
+        self.seen: list[str] = []
+        page.on("pageerror", lambda exc: self.seen.append(f"page error: {exc}"))
+        page.on("console", self._console)
+
+    def _console(self, msg: ConsoleMessage) -> None:
+        # A 401/403 the test provokes on purpose is logged as a failed resource load.
+        if msg.type == "error" and "status of 40" not in msg.text:
+            self.seen.append(msg.text)
+
+
+async def sign_in(page: Page, base: str, operator: str, password: str | None = None) -> None:
+    await page.goto(f"{base}/ui/")
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next="))
+    await page.get_by_label("Operator name").fill(operator)
+    await page.get_by_label("Password").fill(PASSWORDS[operator] if password is None else password)
+    await page.get_by_role("button", name="Sign in").click()
+
+
+def keep(shot: Path) -> None:
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if SCREENSHOTS:
+        Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(SCREENSHOTS) / shot.name)
+
+
+async def test_sign_in_watch_a_request_arrive_approve_it_and_find_it_in_history(
+    browser: Browser, console_server: Server, agent: Agent, tmp_path: Path
+) -> None:
+    base = console_server.url
+    context = await browser.new_context(viewport={"width": 1280, "height": 860})
+    page = await context.new_page()
+    problems = Problems(page)
+
+    await sign_in(page, base, "alice")
+    await expect(page).to_have_url(f"{base}/ui/")
+    await expect(page.get_by_text("Nothing is waiting for a decision.")).to_be_visible()
+    await expect(page.locator(".signout .who")).to_have_text("Alice")
+
+    # Requests made through the agent API appear without a reload.
+    await page.evaluate("window.__sameDocument = true")
+    rid = await agent.ask(
+        arguments={"amount": 125000, "vendor": "ACME Ltd", "invoice": "INV-2291", "api_token": "s3cret"},
+        user_id="carol",
+        session_id="sess-42",
+        tool_call_id="call-7",
+    )
+    row = page.locator(f'tr[data-request-id="{rid}"]')
+    await expect(row).to_be_visible(timeout=10_000)
+    assert await page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+    await expect(row).to_contain_text("pay_invoice")
+    await expect(row).to_contain_text("finance-bot")
+    await expect(row).to_contain_text(
+        'amount=125000, vendor="ACME Ltd", invoice="INV-2291", api_token=[redacted]'
+    )
+    await expect(row).to_contain_text("Carol (carol)")
+    await expect(row).to_contain_text("0 / 1")
+    left = row.locator(".left")
+    await expect(left).to_have_text(re.compile(r"^29m \d\ds$"))
+    before = await left.text_content()
+    await expect(left).not_to_have_text(before or "", timeout=3_000)  # it counts down
+
+    await agent.ask("wire_money", arguments={"amount": 480000, "iban": "DE89 3704 0044 0532 0130 00"})
+    await agent.ask("pay_vendor", arguments={"amount": 64000, "vendor": "Globex", "password": "hunter2"})
+    await expect(page.locator("tr[data-request-id]")).to_have_count(3, timeout=10_000)
+    await expect(page.locator(".count")).to_have_text("3 pending")
+    assert await page.evaluate("window.__sameDocument") is True
+    await page.screenshot(path=tmp_path / "console-queue.png")
+    keep(tmp_path / "console-queue.png")
+
+    await row.get_by_role("link", name="pay_invoice").click()
+    await expect(page).to_have_url(f"{base}/ui/requests/{rid}")
+    await expect(page.get_by_role("heading", level=1)).to_contain_text("pay_invoice")
+    await expect(page.locator("pre.json").first).to_contain_text('"api_token": "[redacted]"')
+    await expect(page.locator("#cards-title + table")).to_contain_text("sent", timeout=10_000)
+    await page.get_by_label("Reason").fill("Invoice matches PO-7731")
+    await page.screenshot(path=tmp_path / "console-request.png", full_page=True)
+    keep(tmp_path / "console-request.png")
+
+    await page.get_by_role("button", name="Approve").click()
+    await expect(page.get_by_role("status")).to_have_text("Approved by Alice.")
+    await expect(page.locator("h1 .badge")).to_have_text("approved")
+    votes = page.locator("#votes-title + table")
+    await expect(votes).to_contain_text("Alice")
+    await expect(votes).to_contain_text("Invoice matches PO-7731")
+    await expect(votes).to_contain_text("via console")
+    assert await agent.status(rid) == "approved"
+
+    await page.get_by_role("link", name="History").click()
+    await page.get_by_label("Status").select_option("approved")
+    await page.get_by_label("Tool contains").fill("invoice")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page).to_have_url(re.compile(r"/ui/history\?status=approved&.*tool=invoice"))
+    found = page.locator("tr[data-request-id]")
+    await expect(found).to_have_count(1)
+    await expect(found).to_have_attribute("data-request-id", rid)
+    await expect(found).to_contain_text("Alice via web")
+    await expect(found).to_contain_text("Invoice matches PO-7731")
+
+    # The queue has two left, and it works on a phone-sized screen.
+    phone = await browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    small = await phone.new_page()
+    problems_small = Problems(small)
+    await sign_in(small, base, "bob")
+    await expect(small.locator("tr[data-request-id]")).to_have_count(2)
+    assert await small.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), (
+        "no sideways scroll"
+    )
+    await small.screenshot(path=tmp_path / "console-phone.png")
+    keep(tmp_path / "console-phone.png")
+
+    assert problems.seen == []
+    assert problems_small.seen == []
+    await phone.close()
+    await context.close()
+
+
+async def test_a_wrong_password_is_refused(browser: Browser, console_server: Server) -> None:
+    page = await browser.new_page()
+    await sign_in(page, console_server.url, "alice", "not-her-password")
+    await expect(page.get_by_role("alert")).to_have_text("Wrong operator name or password.")
+    await expect(page).to_have_url(re.compile(r"/ui/login$"))
+    await expect(page.get_by_label("Operator name")).to_have_value("alice")
+    await page.goto(f"{console_server.url}/ui/config")
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next=%2Fui%2Fconfig"))
+
+
+async def test_a_form_without_its_csrf_token_is_refused(
+    browser: Browser, console_server: Server, agent: Agent
+) -> None:
+    rid = await agent.ask()
+    page = await browser.new_page()
+    await sign_in(page, console_server.url, "alice")
+    await expect(page.locator(f'tr[data-request-id="{rid}"]')).to_be_visible()
+    await page.goto(f"{console_server.url}/ui/requests/{rid}")
+    await page.locator("form[action$='/decision'] input[name=csrf_token]").evaluate("el => el.remove()")
+    await page.get_by_label("Reason").fill("sneaky")
+    async with page.expect_response(re.compile(r"/decision$")) as response:
+        await page.get_by_role("button", name="Approve").click()
+    assert (await response.value).status == 403
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Form refused")
+    assert await agent.status(rid) == "pending"
+
+
+@pytest.fixture
+async def short_server(runtime: Runtime) -> AsyncIterator[Server]:
+    settings = Settings(
+        database_url=runtime.settings.database_url,
+        admin_token=ADMIN_TOKEN,
+        session_secret=SESSION_SECRET,
+        session_max_age_seconds=3,
+    )
+    rt = Runtime.create(settings, runtime.config, channels={"chat": FakeChannel("chat")})
+    try:
+        async with Server(rt) as s:
+            yield s
+    finally:
+        await rt.aclose()
+
+
+async def test_an_expired_session_goes_back_to_sign_in(browser: Browser, short_server: Server) -> None:
+    page = await browser.new_page()
+    await sign_in(page, short_server.url, "alice")
+    await expect(page).to_have_url(f"{short_server.url}/ui/")
+    # The queue's own poll finds the session over and takes the page to the sign-in form.
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next=.*ended=1"), timeout=10_000)
+    await expect(page.get_by_text("Your session has ended.")).to_be_visible()
+    await page.goto(f"{short_server.url}/ui/audit")
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next=%2Fui%2Faudit"))

@@ -1,0 +1,277 @@
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hooks.adapters.claude_code import build_output, internal_deadline, main
+from hooks.client import GateClient, GateDecision
+from tests.hooks.signoff_fakes import KEY, URL, LiveSignoff, Scripted, pending, state, submitted
+
+REPO = Path(__file__).resolve().parents[2]
+
+HOOK_INPUT: dict[str, Any] = {
+    "session_id": "abc123",
+    "prompt_id": "550e8400-e29b-41d4-a716-446655440000",
+    "transcript_path": "/home/u/.claude/projects/p/abc123.jsonl",
+    "cwd": "/home/u/project",
+    "permission_mode": "default",
+    "hook_event_name": "PreToolUse",
+    "tool_name": "Bash",
+    "tool_input": {"command": "rm -rf build", "description": "clean", "timeout": 120000},
+    "tool_use_id": "toolu_01ABC123",
+}
+
+
+def run_hook(
+    fake: Scripted | None,
+    hook_input: Any = HOOK_INPUT,
+    *args: str,
+    client: GateClient | None = None,
+) -> tuple[int, str, str]:
+    stdin = io.StringIO(hook_input if isinstance(hook_input, str) else json.dumps(hook_input))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    if client is None and fake is not None:
+        client = GateClient(
+            URL, KEY, transport=httpx.MockTransport(fake), backoff_initial=0.01, backoff_max=0.05
+        )
+    code = main(list(args), stdin, stdout, stderr=stderr, client=client)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def answer(stdout: str) -> dict[str, Any]:
+    assert stdout.startswith("{")
+    data: dict[str, Any] = json.loads(stdout)
+    return data
+
+
+def test_approved_call_answers_allow_and_sends_the_runtime_ids() -> None:
+    approved = state("req-1", "approved", decided_by={"channel": "slack", "user_id": "U1", "name": "Alice"})
+    fake = Scripted().on("submit", pending("req-1")).on("wait", approved)
+    code, out, err = run_hook(fake)
+    assert code == 0, err
+    assert answer(out) == {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "allow",
+            "permissionDecisionReason": "Signoff: Approved by Alice (slack)",
+        }
+    }
+    (body,) = fake.bodies()
+    assert body["tool_name"] == "Bash"
+    assert body["arguments"] == HOOK_INPUT["tool_input"]
+    assert body["idempotency_key"] == "claude-code:abc123:toolu_01ABC123"
+    assert body["session_id"] == "abc123"
+    assert body["tool_call_id"] == "toolu_01ABC123"
+    assert body["metadata"] == {
+        "runtime": "claude-code",
+        "cwd": "/home/u/project",
+        "permission_mode": "default",
+        "prompt_id": HOOK_INPUT["prompt_id"],
+    }
+
+
+def test_denied_call_answers_deny_with_the_reason() -> None:
+    rejected = state(
+        "req-1", "rejected", reason="not on prod", decided_by={"channel": "slack", "name": "Bob"}
+    )
+    fake = Scripted().on("submit", pending("req-1")).on("wait", rejected)
+    code, out, _ = run_hook(fake)
+    assert code == 0
+    output = answer(out)["hookSpecificOutput"]
+    assert output["permissionDecision"] == "deny"
+    assert output["permissionDecisionReason"] == "Signoff: Rejected by Bob (slack): not on prod"
+
+
+def test_policy_deny_answers_deny() -> None:
+    code, out, _ = run_hook(Scripted().on("submit", submitted("deny", reason="read-only mode")))
+    assert code == 0
+    assert answer(out)["hookSpecificOutput"]["permissionDecision"] == "deny"
+
+
+def test_unmatched_allow_leaves_the_decision_to_claude_code() -> None:
+    code, out, _ = run_hook(Scripted().on("submit", submitted("allow")))
+    assert code == 0
+    assert answer(out) == {}
+
+
+def test_unmatched_allow_with_allow_unmatched_answers_allow() -> None:
+    code, out, _ = run_hook(Scripted().on("submit", submitted("allow")), HOOK_INPUT, "--allow-unmatched")
+    assert code == 0
+    assert answer(out)["hookSpecificOutput"]["permissionDecision"] == "allow"
+
+
+def test_rewritten_input_is_passed_on() -> None:
+    rewritten = {"command": "rm -rf ./build"}
+    code, out, _ = run_hook(Scripted().on("submit", submitted("allow", modified_arguments=rewritten)))
+    assert code == 0
+    output = answer(out)["hookSpecificOutput"]
+    assert output["permissionDecision"] == "ask", "nobody approved: show the rewrite, never skip the prompt"
+    assert output["updatedInput"] == rewritten
+
+    fake = (
+        Scripted()
+        .on("submit", pending("req-1", modified_arguments=rewritten))
+        .on("wait", state("req-1", "approved"))
+    )
+    code, out, _ = run_hook(fake)
+    output = answer(out)["hookSpecificOutput"]
+    assert output["permissionDecision"] == "allow"
+    assert output["updatedInput"] == rewritten
+
+
+def test_server_down_exits_2() -> None:
+    fake = Scripted().on("submit", httpx.ConnectError("[Errno 111] Connection refused"))
+    code, out, err = run_hook(fake, HOOK_INPUT, "--deadline", "0.3")
+    assert code == 2
+    assert out == ""
+    assert "Blocked by the Signoff approval hook" in err
+    assert "Connection refused" in err
+
+
+def test_internal_deadline_exits_2_while_pending() -> None:
+    fake = Scripted().on("submit", pending("req-1")).on("wait", state("req-1"))
+    code, out, err = run_hook(fake, HOOK_INPUT, "--timeout", "600", "--deadline", "0.3")
+    assert code == 2
+    assert out == ""
+    assert "still pending" in err
+
+
+def test_401_exits_2() -> None:
+    code, out, err = run_hook(Scripted().on("submit", httpx.Response(401, json={"detail": "bad key"})))
+    assert code == 2
+    assert out == ""
+    assert "401" in err
+
+
+@pytest.mark.parametrize(
+    ("hook_input", "message"),
+    [
+        ("", "not JSON"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ({**HOOK_INPUT, "tool_name": None}, "tool_name"),
+        ({**HOOK_INPUT, "tool_input": "ls"}, "tool_input"),
+        ({**HOOK_INPUT, "tool_use_id": 7}, "tool_use_id"),
+        ({**HOOK_INPUT, "hook_event_name": "PostToolUse"}, "PostToolUse"),
+    ],
+)
+def test_malformed_stdin_exits_2(hook_input: Any, message: str) -> None:
+    fake = Scripted()
+    code, out, err = run_hook(fake, hook_input)
+    assert code == 2
+    assert out == ""
+    assert message in err
+    assert fake.requests == [], "nothing is sent for bad input"
+
+
+def test_missing_configuration_exits_2() -> None:
+    code, out, err = run_hook(None)
+    assert code == 2
+    assert out == ""
+    assert "SIGNOFF_URL" in err
+
+
+@pytest.mark.parametrize(
+    "args", [["--deadline", "700"], ["--timeout", "0"], ["--timeout", "soon"], ["--bogus"]]
+)
+def test_bad_arguments_exit_2(args: list[str]) -> None:
+    fake = Scripted().on("submit", submitted("allow"))
+    code, out, _ = run_hook(fake, HOOK_INPUT, *args)
+    assert code == 2
+    assert out == ""
+    assert fake.requests == []
+
+
+def test_hook_timeout_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIGNOFF_HOOK_TIMEOUT", "10")
+    fake = Scripted().on("submit", submitted("allow"))
+    code, _, err = run_hook(fake, HOOK_INPUT, "--deadline", "6")
+    assert code == 2, "10 s hook timeout allows at most 5 s"
+    assert "at most 5s" in err
+    monkeypatch.setenv("SIGNOFF_HOOK_TIMEOUT", "ten")
+    assert run_hook(fake)[0] == 2
+
+
+def test_any_bug_exits_2() -> None:
+    class Broken(GateClient):
+        def pre_tool_use(self, *args: Any, **kwargs: Any) -> GateDecision:
+            raise RuntimeError("bug")
+
+    code, out, err = run_hook(None, HOOK_INPUT, client=Broken(URL, KEY))
+    assert code == 2
+    assert out == ""
+    assert "RuntimeError: bug" in err
+
+
+def test_an_unwritable_stdout_exits_2() -> None:
+    class Closed(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError("closed")
+
+    fake = Scripted().on("submit", submitted("deny", reason="no"))
+    client = GateClient(URL, KEY, transport=httpx.MockTransport(fake))
+    code = main([], io.StringIO(json.dumps(HOOK_INPUT)), Closed(), stderr=io.StringIO(), client=client)
+    assert code == 2
+
+
+def test_build_output_never_allows_a_failure_or_pending() -> None:
+    from hooks.client import GateFailure
+
+    for failure in GateFailure:
+        assert build_output(GateDecision(False, "x", failure=failure)) is None
+    assert build_output(GateDecision(False, "x", "req", pending=True)) is None
+
+
+@pytest.mark.parametrize(("timeout", "deadline"), [(3600, 3300), (600, 540), (60, 54), (20, 15), (8, 4)])
+def test_internal_deadline_stays_below_the_hook_timeout(timeout: float, deadline: float) -> None:
+    assert internal_deadline(timeout) == deadline
+
+
+# --------------------------------------------------------------------------- real process, real HTTP
+
+
+def spawn_hook(
+    url: str, *args: str, hook_input: dict[str, Any] = HOOK_INPUT
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SIGNOFF_URL": url, "SIGNOFF_API_KEY": KEY, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "hooks.adapters.claude_code", "--timeout", "60", *args],
+        input=json.dumps(hook_input),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_piped_hook_json_approved_through_a_real_server(live: LiveSignoff) -> None:
+    def approve() -> None:
+        live.decide(live.wait_for_request(timeout=30), "approved", name="Alice")
+
+    approver = threading.Thread(target=approve)
+    approver.start()
+    done = spawn_hook(live.url)
+    approver.join()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["hookSpecificOutput"]["permissionDecision"] == "allow"
+    assert live.submissions[0]["idempotency_key"] == "claude-code:abc123:toolu_01ABC123"
+
+
+def test_piped_hook_json_with_the_server_down_exits_2() -> None:
+    server = LiveSignoff().start()
+    url = server.url
+    server.stop()
+    done = spawn_hook(url, "--deadline", "1")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "Blocked by the Signoff approval hook" in done.stderr
