@@ -18,10 +18,20 @@ from app.models import AuditEvent, Vote
 from app.runtime import Runtime
 from app.settings import Settings
 from tests.channels.feishu_fake import MESSAGES_PATH, FakeFeishu, serve
-from tests.channels.feishu_support import CHAT, buttons, card_action, make_channel, signed_encrypted
+from tests.channels.feishu_support import (
+    CHAT,
+    NOW,
+    buttons,
+    card_action,
+    fixture,
+    fixture_request,
+    make_channel,
+    signed_encrypted,
+)
 from tests.conftest import DEFAULT_CONFIG, Server
 
 CHANNEL = "ops-feishu"
+PLAIN = "plain-feishu"
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +56,8 @@ async def feishu_server(
     app_id = f"cli_{uuid.uuid4().hex[:16]}"
     channel = make_channel(fake, app_id=app_id)
     channel.name = CHANNEL
+    plain = make_channel(fake, encrypt_key=None)
+    plain.name = PLAIN
     raw: dict[str, Any] = json.loads(json.dumps(DEFAULT_CONFIG))
     raw["channels"][CHANNEL] = {
         "type": "feishu",
@@ -56,10 +68,20 @@ async def feishu_server(
         "chat_id": CHAT,
         "base_url": fake.origin,
     }
+    raw["channels"][PLAIN] = {
+        "type": "feishu",
+        "app_id": plain.config.app_id,
+        "app_secret": "app-secret",
+        "verification_token": "tok",
+        "chat_id": CHAT,
+        "base_url": fake.origin,
+    }
     raw["people"]["alice"]["feishu"] = "ou_alice"
     raw["people"]["bob"]["feishu"] = "ou_bob"
-    raw["agents"]["finance-bot"]["hooks"][0]["channel"] = CHANNEL
-    runtime = Runtime.create(settings, parse_config(raw), channels={CHANNEL: channel})
+    raw["people"]["carol"]["feishu"] = "ou_carol"
+    for hook in raw["agents"]["finance-bot"]["hooks"]:
+        hook["channel"] = CHANNEL
+    runtime = Runtime.create(settings, parse_config(raw), channels={CHANNEL: channel, PLAIN: plain})
     try:
         async with (
             Server(runtime, background=True) as server,
@@ -163,3 +185,99 @@ async def test_refused_clicks_and_bad_signatures_change_nothing(
     assert "vote_refused" in actions
     assert "callback_rejected" in actions
     assert (await http.post("/callbacks/feishu/nope", content=b"{}")).status_code == 404
+
+
+async def pending_request(http: httpx.AsyncClient, key: str, tool: str = "pay_invoice") -> str:
+    body = {"tool_name": tool, "arguments": {"amount": 80000}}
+    r = await http.post("/v1/hooks/pre-tool-use", json=body, headers={"Authorization": f"Bearer {key}"})
+    rid: str = r.json()["request_id"]
+    return rid
+
+
+async def click(
+    http: httpx.AsyncClient, rid: str, verdict: str, who: str, event: str, **kw: Any
+) -> httpx.Response:
+    body, headers = signed_encrypted(card_action(rid, verdict, open_id=who, event_id=event, **kw))
+    return await http.post(f"/callbacks/feishu/{CHANNEL}", content=body, headers=headers)
+
+
+async def test_url_verification_plain_and_encrypted_through_the_endpoint(
+    feishu_server: tuple[Server, httpx.AsyncClient],
+) -> None:
+    _, http = feishu_server
+    expected = fixture("url_verification.response.json")
+    body, headers = fixture_request("req.url_verification.plain.json")
+    assert (await http.post(f"/callbacks/feishu/{PLAIN}", content=body, headers=headers)).json() == expected
+    body, headers = fixture_request("req.url_verification.encrypted.json")
+    assert (await http.post(f"/callbacks/feishu/{CHANNEL}", content=body, headers=headers)).json() == expected
+    # A plaintext challenge to a channel with an encrypt key is a downgrade.
+    body, headers = fixture_request("req.url_verification.plain.json")
+    assert (await http.post(f"/callbacks/feishu/{CHANNEL}", content=body, headers=headers)).status_code == 401
+
+
+async def test_wrong_token_stale_timestamp_and_replays_change_nothing(
+    feishu_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = feishu_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = await pending_request(http, agent_key)
+    assert (await click(http, rid, "approve", "ou_alice", "ev-t", token="wrong")).status_code == 401
+    body, headers = signed_encrypted(
+        card_action(rid, "approve", open_id="ou_alice", event_id="ev-s"), timestamp=NOW - 600
+    )
+    assert (await http.post(f"/callbacks/feishu/{CHANNEL}", content=body, headers=headers)).status_code == 401
+    assert (await http.get(f"/v1/requests/{rid}", headers=agent)).json()["votes"] == []
+
+    assert (await click(http, rid, "approve", "ou_alice", "ev-1")).json()["toast"]["type"] == "success"
+    # The same event id again, even carrying another verdict, is the same delivery.
+    await click(http, rid, "reject", "ou_alice", "ev-1")
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] == "approved"
+    assert len(state["votes"]) == 1
+
+
+async def test_quorum_two_over_feishu(
+    feishu_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = feishu_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = await pending_request(http, agent_key, tool="wire_money")
+    first = (await click(http, rid, "approve", "ou_alice", "q-1")).json()
+    assert "1 of 2" in first["toast"]["content"]
+    assert buttons(first["card"]["data"])  # still open for the second approver
+    second = (await click(http, rid, "approve", "ou_bob", "q-2")).json()
+    assert buttons(second["card"]["data"]) == []
+    assert (await http.get(f"/v1/requests/{rid}", headers=agent)).json()["status"] == "approved"
+
+
+async def test_racing_approvers_over_feishu(
+    feishu_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = feishu_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = await pending_request(http, agent_key)
+    a, b = await asyncio.gather(
+        click(http, rid, "approve", "ou_alice", "r-1"),
+        click(http, rid, "reject", "ou_bob", "r-2", reason="no"),
+    )
+    toasts = sorted([a.json()["toast"]["type"], b.json()["toast"]["type"]])
+    assert toasts.count("success") == 1
+    loser = a if a.json()["toast"]["type"] != "success" else b
+    assert "already" in loser.json()["toast"]["content"]
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] in ("approved", "rejected")
+    assert len(state["votes"]) == 1
+
+
+async def test_a_click_on_an_expired_request(
+    feishu_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = feishu_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = await pending_request(http, agent_key, tool="quick_op")  # a 1 s deadline
+    done = await http.get(f"/v1/requests/{rid}/wait", params={"timeout": 10}, headers=agent)
+    assert done.json()["status"] == "expired"
+    late = (await click(http, rid, "approve", "ou_alice", "late-1")).json()
+    assert late["toast"]["type"] != "success"
+    assert "expired" in late["toast"]["content"]
+    assert buttons(late["card"]["data"]) == []

@@ -19,7 +19,14 @@ from app.runtime import Runtime
 from app.settings import Settings
 from channels.slack import ACTION_APPROVE, ACTION_REJECT
 from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
-from tests.channels.slack_support import SECRET, button_payload, form_body, signed, submission_payload
+from tests.channels.slack_support import (
+    SECRET,
+    button_payload,
+    fixture,
+    form_body,
+    signed,
+    submission_payload,
+)
 from tests.conftest import DEFAULT_CONFIG, Server
 
 NAME = "ops-slack"
@@ -188,3 +195,80 @@ async def test_reject_asks_for_a_reason_that_reaches_the_agent(
     assert replay["decision"] == "deny"
     assert "wrong account" in replay["reason"]
     assert "Carol" in replay["reason"]
+
+
+def signed_now(payload: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    body = form_body(payload)
+    return body, signed(body, timestamp=int(time.time()))
+
+
+async def test_the_requester_cannot_approve_their_own_call(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    body = {"tool_name": "pay_invoice", "arguments": {"amount": 90000}, "user_id": "W0ALICE"}
+    rid = (await http.post("/v1/hooks/pre-tool-use", json=body, headers=agent)).json()["request_id"]
+    b, h = click(ACTION_APPROVE, rid, "W0ALICE")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
+    [note] = await eventually(lambda: fake_slack.calls_to("chat.postEphemeral"))
+    assert "your own behalf" in note.args["text"]
+    assert (await http.get(f"/v1/requests/{rid}", headers=agent)).json()["status"] == "pending"
+
+
+async def test_a_home_tab_click_without_channel_or_message_is_harmless(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = (
+        await http.post(
+            "/v1/hooks/pre-tool-use",
+            json={"tool_name": "pay_x", "arguments": {"amount": 90000}},
+            headers=agent,
+        )
+    ).json()["request_id"]
+    home = fixture("block_actions_slack_docs_home_tab.json")
+    home["user"]["id"] = "W0ALICE"
+    # Even aimed at our button, a click from a Home tab has no message to update: it still counts once.
+    home["actions"][0].update(action_id=ACTION_APPROVE, value=rid)
+    b, h = signed_now(home)
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
+    foreign = fixture("block_actions_slack_docs_home_tab.json")  # another app's button: ignored
+    b, h = signed_now(foreign)
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] == "approved"
+    assert [v["user_id"] for v in state["votes"]] == ["W0ALICE"]
+
+
+async def test_racing_approvers_get_one_outcome_and_the_loser_is_told(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = (
+        await http.post(
+            "/v1/hooks/pre-tool-use",
+            json={"tool_name": "pay_x", "arguments": {"amount": 90000}},
+            headers=agent,
+        )
+    ).json()["request_id"]
+    approve = click(ACTION_APPROVE, rid, "W0ALICE")
+    reject_payload = submission_payload("no", request_id=rid)
+    reject_payload["user"]["id"] = "W0BOB"
+    reject = signed_now(reject_payload)
+    answers = await asyncio.gather(
+        http.post(f"/callbacks/slack/{NAME}", content=approve[0], headers=approve[1]),
+        http.post(f"/callbacks/slack/{NAME}", content=reject[0], headers=reject[1]),
+    )
+    assert all(a.status_code == 200 for a in answers)
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] in ("approved", "rejected")
+    assert len(state["votes"]) == 1  # the loser's vote was refused, not recorded
+    if state["status"] == "approved":
+        assert answers[1].json()["response_action"] == "errors"  # the rejecter is told on the form
+        assert "already approved" in json.dumps(answers[1].json())
+    else:
+        [note] = await eventually(lambda: fake_slack.calls_to("chat.postEphemeral"))
+        assert "already rejected" in note.args["text"]
