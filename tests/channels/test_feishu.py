@@ -7,7 +7,6 @@ import base64
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from channels.feishu import (
     render_card,
     verify_callback,
 )
-from tests.channels.feishu_fake import FakeFeishu, serve, validate_card
+from tests.channels.feishu_fake import FakeFeishu, validate_card
 from tests.channels.feishu_support import (
     ENCRYPT_KEY,
     NOW,
@@ -45,21 +44,6 @@ from tests.channels.feishu_support import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[FakeFeishu]:
-    fake = FakeFeishu()
-    with serve(fake):
-        yield fake
-
-
-@pytest.fixture
-def fake(fake_server: FakeFeishu, monkeypatch: pytest.MonkeyPatch) -> FakeFeishu:
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    fake_server.reset()
-    return fake_server
 
 
 @pytest.fixture

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import pytest
 
 from channels import PermanentDeliveryError, RetryableDeliveryError
 from channels.feishu import FeishuChannel, api_error, render_card
-from tests.channels.feishu_fake import MESSAGES_PATH, TOKEN_PATH, USERS_PATH, FakeFeishu, serve
+from tests.channels.feishu_fake import MESSAGES_PATH, TOKEN_PATH, USERS_PATH, FakeFeishu
 from tests.channels.feishu_support import (
     CHAT,
     RecordingHandler,
@@ -21,22 +20,6 @@ from tests.channels.feishu_support import (
     make_channel,
     signed_encrypted,
 )
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[FakeFeishu]:
-    fake = FakeFeishu()
-    with serve(fake):
-        yield fake
-
-
-@pytest.fixture
-def fake(fake_server: FakeFeishu, monkeypatch: pytest.MonkeyPatch) -> FakeFeishu:
-    # requests (inside lark-oapi) would send even loopback traffic through a configured proxy.
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    fake_server.reset()
-    return fake_server
 
 
 @pytest.fixture

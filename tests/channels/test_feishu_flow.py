@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -17,7 +17,7 @@ from app.config import parse_config
 from app.models import AuditEvent, Vote
 from app.runtime import Runtime
 from app.settings import Settings
-from tests.channels.feishu_fake import MESSAGES_PATH, FakeFeishu, serve
+from tests.channels.feishu_fake import MESSAGES_PATH, FakeFeishu
 from tests.channels.feishu_support import (
     CHAT,
     NOW,
@@ -32,21 +32,6 @@ from tests.conftest import DEFAULT_CONFIG, Server
 
 CHANNEL = "ops-feishu"
 PLAIN = "plain-feishu"
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[FakeFeishu]:
-    fake = FakeFeishu()
-    with serve(fake):
-        yield fake
-
-
-@pytest.fixture
-def fake(fake_server: FakeFeishu, monkeypatch: pytest.MonkeyPatch) -> FakeFeishu:
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    fake_server.reset()
-    return fake_server
 
 
 @pytest.fixture

@@ -7,29 +7,14 @@ import base64
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from channels.feishu import FeishuChannel
-from tests.channels.feishu_fake import FakeFeishu, FakeLongConnection, ack_data, serve
+from tests.channels.feishu_fake import FakeFeishu, FakeLongConnection, ack_data
 from tests.channels.feishu_support import RecordingHandler, buttons, card_action, fixture, make_channel
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[FakeFeishu]:
-    fake = FakeFeishu()
-    with serve(fake):
-        yield fake
-
-
-@pytest.fixture
-def fake(fake_server: FakeFeishu, monkeypatch: pytest.MonkeyPatch) -> FakeFeishu:
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    fake_server.reset()
-    return fake_server
 
 
 def ws_channel(fake: FakeFeishu, **config: Any) -> FeishuChannel:
