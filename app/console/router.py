@@ -10,19 +10,24 @@ from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.audit import Actor
 from app.console import auth, pages
-from app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, SignedInDep
+from app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
 from app.console.decisions import decide_from_form
 from app.console.history import csv_lines, history_view, jsonl_lines, parse_history
 from app.console.render import page, secured
 from app.deps import RuntimeDep, SessionDep
-from app.models import Status, utcnow
+from app.hook_services import set_switch
+from app.models import Status, Switch, utcnow
 
 __all__ = ["router"]
 
 log = logging.getLogger("signoff")
+READ_ONLY = "read_only"
+
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 AUDIT_ACTIONS = [
@@ -320,7 +325,30 @@ async def verify_audit(request: Request, who: SignedInDep, session: ReadDep) -> 
 
 
 @router.get("/config")
-async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep) -> Response:
+async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep) -> Response:
+    switches = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
+    read_only = next((s for s in switches if s.name == READ_ONLY), None)
     return page(
-        request, "config.html", {"who": who, "nav": "config", "view": pages.config_view(runtime.config)}
+        request,
+        "config.html",
+        {
+            "who": who,
+            "nav": "config",
+            "view": pages.config_view(runtime.config),
+            "read_only": read_only,
+            "switches": switches,
+        },
     )
+
+
+@router.post("/switches/read_only")
+async def flip_read_only(
+    request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+) -> Response:
+    """Turn the read-only switch on or off as the signed-in operator (audited)."""
+    on = form.get("on") == "1"
+    reason = str(form.get("reason") or "").replace("\x00", "").strip()[:2000] or None
+    await set_switch(session, READ_ONLY, on=on, actor=Actor("web", who.operator, who.name), reason=reason)
+    response = _see_other("/ui/config")
+    auth.set_flash(response, request, Flash(True, f"Read-only mode is {'on' if on else 'off'}."))
+    return response
