@@ -18,6 +18,17 @@ from app.models import AuditEvent, AuditHead, utcnow
 __all__ = ["Actor", "BrokenLink", "append", "event_hash", "verify_chain"]
 
 GENESIS = "0" * 64
+_EVENTS: sa.Table = AuditEvent.__table__  # type: ignore[attr-defined]
+_HEAD: sa.Table = AuditHead.__table__  # type: ignore[attr-defined]
+_EVENT_COLUMNS = [c.name for c in _EVENTS.columns]
+_TAKE_SEQ = (
+    sa.update(_HEAD)
+    .where(_HEAD.c.id == 1)
+    .values(seq=_HEAD.c.seq + 1)
+    .returning(_HEAD.c.seq, _HEAD.c.last_hash)
+)
+_INSERT = sa.insert(_EVENTS)
+_SET_HASH = sa.update(_HEAD).where(_HEAD.c.id == 1).values(last_hash=sa.bindparam("new_hash"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +87,7 @@ async def append(
     concurrent appenders (threads or replicas) queue on its row lock and the
     chain never forks.
     """
-    row = (
-        await session.exec(
-            sa.update(AuditHead)
-            .where(col(AuditHead.id) == 1)
-            .values(seq=AuditHead.seq + 1)
-            .returning(col(AuditHead.seq), col(AuditHead.last_hash))
-        )
-    ).one()
+    row = (await session.exec(_TAKE_SEQ)).one()
     seq, prev = int(row[0]), str(row[1])
     # JSON round trip so the hash covers exactly what the database will return.
     detail = json.loads(json.dumps(detail or {}, default=str))
@@ -109,8 +113,10 @@ async def append(
         prev_hash=prev,
         hash=digest,
     )
-    session.add(event)
-    await session.exec(sa.update(AuditHead).where(col(AuditHead.id) == 1).values(last_hash=digest))
+    # Prepared Core statements, not the unit of work: no flush bookkeeping, no statement
+    # to build and compile per call.
+    await session.exec(_INSERT, params={c: getattr(event, c) for c in _EVENT_COLUMNS})
+    await session.exec(_SET_HASH, params={"new_hash": digest})
     return event
 
 

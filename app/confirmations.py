@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -59,6 +59,19 @@ NOTIFY_CHANNEL = "signoff_decided"
 NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
 OUTBOX_KEY = "signoff.outbox"
 REDACTED = "[redacted]"
+
+
+_REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
+_DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
+_INSERT_DELIVERY = sa.insert(_DELIVERIES)
+_VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
+_INSERTS: dict[tuple[str, str], Any] = {}
+"""INSERT … ON CONFLICT DO NOTHING statements, built once per dialect and table."""
+
+
+def _row(obj: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A model instance's column values, for a Core INSERT (no unit-of-work flush)."""
+    return {c.name: getattr(obj, c.name) for c in obj.__table__.columns if c.name not in skip}
 
 
 def _sources(target: Status) -> list[str]:
@@ -105,17 +118,21 @@ async def _mark_decided(session: AsyncSession, request_ids: Sequence[str]) -> No
 
 async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
     """Owe the channel a redraw of the request's card (one queued redraw is enough)."""
-    queued = await session.exec(
-        select(Delivery.id).where(
-            col(Delivery.request_id) == request_id,
-            col(Delivery.channel) == channel,
-            col(Delivery.kind) == "update",
-            col(Delivery.status) == OutboxStatus.PENDING,
-            col(Delivery.leased_until).is_(None),
+    # Only the request's own few deliveries, by the request_id index (with the other
+    # conditions in SQL, SQLite's planner prefers the status index and scans every
+    # pending delivery), then the rest in Python.
+    rows = await session.exec(
+        select(Delivery.channel, Delivery.kind, Delivery.status, Delivery.leased_until).where(
+            col(Delivery.request_id) == request_id
         )
     )
-    if queued.first() is None:
-        session.add(Delivery(request_id=request_id, channel=channel, kind="update"))
+    queued = any(
+        ch == channel and kind == "update" and status == OutboxStatus.PENDING and leased is None
+        for ch, kind, status, leased in rows.all()
+    )
+    if not queued:
+        delivery = Delivery(request_id=request_id, channel=channel, kind="update")
+        await session.exec(_INSERT_DELIVERY, params=_row(delivery, skip=("id",)))
         session.sync_session.info[OUTBOX_KEY] = True
 
 
@@ -303,15 +320,9 @@ async def cast_vote(
     if req.status != Status.PENDING:
         return await refuse(_describe_decided(req))
     if req.expires_at <= now:
-        await transition(
-            session,
-            request_id,
-            Status.EXPIRED,
-            actor=Actor("system", "expiry"),
-            reason="no decision before the deadline",
-            now=now,
-        )
-        await session.refresh(req)
+        expiry, late = Actor("system", "expiry"), "no decision before the deadline"
+        won = await transition(session, request_id, Status.EXPIRED, actor=expiry, reason=late, now=now)
+        await _settle(session, req, won, Status.EXPIRED, expiry, late, now)
         return await refuse("This request has already expired.")
     if (why := _may_approve(req, voter, config)) is not None:
         return await refuse(why)
@@ -322,30 +333,25 @@ async def cast_vote(
     ):
         return await refuse("A reason is required to reject this request.")
 
-    try:
-        async with session.begin_nested():
-            session.add(
-                Vote(
-                    request_id=request_id,
-                    voter=voter.key,
-                    verdict=verdict.value,
-                    channel=voter.channel,
-                    user_id=voter.user_id,
-                    name=voter.name,
-                    reason=reason,
-                    identity=dict(voter.identity or {}),
-                    created_at=now,
-                )
-            )
-            await session.flush()
-    except IntegrityError:
+    vote = Vote(
+        request_id=request_id,
+        voter=voter.key,
+        verdict=verdict.value,
+        channel=voter.channel,
+        user_id=voter.user_id,
+        name=voter.name,
+        reason=reason,
+        identity=dict(voter.identity or {}),
+        created_at=now,
+    )
+    if not await _insert_unless_taken(session, _VOTES, ("request_id", "voter"), _row(vote, skip=("id",))):
         return await refuse("You have already voted on this request.")
     await audit.append(session, "vote", actor=voter.actor, request_id=request_id, detail=detail)
 
     decided_by = voter.actor
     if verdict is Verdict.REJECT:
-        await transition(session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now)
-        await session.refresh(req)
+        won = await transition(session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now)
+        await _settle(session, req, won, Status.REJECTED, decided_by, reason, now)
         return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
 
     approvals = (
@@ -357,8 +363,8 @@ async def cast_vote(
     ).one()
     quorum = int(req.gate.get("quorum", 1))
     if approvals >= quorum:
-        await transition(session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now)
-        await session.refresh(req)
+        won = await transition(session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now)
+        await _settle(session, req, won, Status.APPROVED, decided_by, reason, now)
         return VoteResult(True, f"Approved by {decided_by.name or decided_by.id}.", req, decided=True)
     await _queue_update(session, request_id, req.channel)
     return VoteResult(True, f"Approval recorded ({approvals} of {quorum}).", req)
@@ -435,8 +441,63 @@ def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+async def _insert_unless_taken(
+    session: AsyncSession, table: sa.Table, unique: tuple[str, ...], row: dict[str, Any]
+) -> bool:
+    """INSERT ``row`` unless a row with the same ``unique`` columns exists; True if inserted.
+
+    One statement (``ON CONFLICT DO NOTHING``) instead of a look-up or a savepoint and a
+    flush: on PostgreSQL a racing insert of the same key waits for the other
+    transaction, then does nothing.
+    """
+    dialect = session.sync_session.get_bind().dialect.name
+    stmt = _INSERTS.get((dialect, table.name))
+    if stmt is None:
+        insert: Any
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        elif dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:  # pragma: no cover - the two supported databases
+            raise RuntimeError(f"unsupported database {dialect!r}")
+        pk = next(iter(table.primary_key.columns))
+        stmt = insert(table).on_conflict_do_nothing(index_elements=list(unique)).returning(pk)
+        _INSERTS[(dialect, table.name)] = stmt
+    return (await session.exec(stmt, params=row)).first() is not None
+
+
+async def _insert_unless_replayed(session: AsyncSession, req: ConfirmationRequest) -> bool:
+    """INSERT ``req`` unless its agent already used its idempotency key; True if inserted."""
+    return await _insert_unless_taken(session, _REQUESTS, ("agent_id", "idempotency_key"), _row(req))
+
+
+async def _settle(
+    session: AsyncSession,
+    req: ConfirmationRequest,
+    won: bool,
+    target: Status,
+    actor: Actor,
+    reason: str | None,
+    now: datetime,
+) -> None:
+    """Bring the (locked) ``req`` up to date after a transition without reading it again."""
+    if not won:
+        await session.refresh(req)
+        return
+    values = {
+        "status": target.value,
+        "reason": reason,
+        "decided_at": now,
+        "decided_by_channel": actor.channel,
+        "decided_by_user_id": actor.id,
+        "decided_by_name": actor.name,
+    }
+    for name, value in values.items():
+        set_committed_value(req, name, value)
+
+
 class Approvals:
-    """The :class:`hooks.ApprovalBroker` the server hands the confirmation gate for one call."""
+    """The server side of the confirmation gate for one call (see :class:`hooks.HookServices`)."""
 
     def __init__(self, session: AsyncSession, config: SignoffConfig, *, now: datetime | None = None) -> None:
         self._session = session
@@ -478,9 +539,6 @@ class Approvals:
         session, config = self._session, self._config
         key = self.idempotency_key(ctx)
         digest = call_digest(ctx.tool_name, ctx.arguments)
-        if key is not None and (found := await self._existing(ctx.agent_id, key)) is not None:
-            return self._replay(found, digest)
-
         now = self._now or utcnow()
         words = (
             config.redact | frozenset(w.lower() for w in config.agents[ctx.agent_id].redact)
@@ -511,16 +569,18 @@ class Approvals:
             created_at=now,
             expires_at=now + gate.timeout,
         )
-        try:
-            async with session.begin_nested():
-                session.add(req)
-                await session.flush()
-        except IntegrityError:
-            # The same call raced itself in; answer with the request that won.
+        if not await _insert_unless_replayed(session, req):
+            # The key is taken: a replay, or the same call raced itself in (the INSERT waited
+            # for the other transaction); answer with the request that won.
             found = await self._existing(ctx.agent_id, key or "")
             if found is None:
-                raise
+                raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
             return self._replay(found, digest)
+        delivery = Delivery(
+            request_id=req.id, channel=gate.channel, kind="post", created_at=now, next_attempt_at=now
+        )
+        await session.exec(_INSERT_DELIVERY, params=_row(delivery, skip=("id",)))
+        # The audit event last: on PostgreSQL its head row is locked until commit.
         await audit.append(
             session,
             "created",
@@ -532,11 +592,6 @@ class Approvals:
                 "channel": gate.channel,
                 "user_id": ctx.user_id,
             },
-        )
-        session.add(
-            Delivery(
-                request_id=req.id, channel=gate.channel, kind="post", created_at=now, next_attempt_at=now
-            )
         )
         session.sync_session.info[OUTBOX_KEY] = True
         self.created = self.request = req

@@ -11,13 +11,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.db import transaction
-from app.keys import authenticate
+from app.keys import authenticate_cached
 from app.runtime import Runtime
 
 _bearer = HTTPBearer(auto_error=False)
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
+    # ``async``: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop
+    # on every request.
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -43,8 +45,7 @@ def _unauthorized(detail: str) -> HTTPException:
 async def get_agent(runtime: RuntimeDep, credentials: Credentials) -> str:
     if credentials is None:
         raise _unauthorized("missing API key: send `Authorization: Bearer <agent key>`")
-    async with runtime.reads() as session:
-        agent = await authenticate(session, credentials.credentials)
+    agent = await authenticate_cached(runtime.reads, runtime.settings.database_url, credentials.credentials)
     if agent is None:
         raise _unauthorized("unknown or revoked API key; create one with `signoff keys create AGENT`")
     return agent

@@ -1,11 +1,21 @@
-"""Agent API keys: shown once, stored as SHA-256 hashes."""
+"""Agent API keys: shown once, stored as SHA-256 hashes.
+
+A server process remembers a key it has found live for :data:`CACHE_SECONDS`,
+so the agent API does not query the database on every call. The bound on
+revocation: a key revoked in this process (``revoke_keys``) stops working here
+at once; one revoked elsewhere (``signoff keys revoke``, another replica)
+stops working here within :data:`CACHE_SECONDS`. Unknown and revoked keys are
+never remembered: a key created a moment ago works at once.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -13,9 +23,43 @@ from app import audit
 from app.audit import Actor
 from app.models import AgentKey, utcnow
 
-__all__ = ["authenticate", "create_key", "revoke_keys"]
+__all__ = ["CACHE_SECONDS", "KeyCache", "authenticate", "authenticate_cached", "create_key", "revoke_keys"]
 
 PREFIX = "sk_signoff_"
+CACHE_SECONDS = 2.0
+"""How long a live key is trusted without asking the database again (the revocation bound)."""
+
+
+class KeyCache:
+    """Live keys by (database, key hash) → (agent, when to check again); bounded in size."""
+
+    def __init__(self, seconds: float = CACHE_SECONDS, max_entries: int = 10_000) -> None:
+        self.seconds = seconds
+        self.max_entries = max_entries
+        self._entries: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def get(self, scope: str, digest: str) -> str | None:
+        entry = self._entries.get((scope, digest))
+        if entry is None:
+            return None
+        if entry[1] <= time.monotonic():
+            self._entries.pop((scope, digest), None)
+            return None
+        return entry[0]
+
+    def put(self, scope: str, digest: str, agent_id: str) -> None:
+        if self.seconds <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            # Drop the oldest entry (dicts keep insertion order).
+            self._entries.pop(next(iter(self._entries)), None)
+        self._entries[(scope, digest)] = (agent_id, time.monotonic() + self.seconds)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+KEYS = KeyCache()
 
 
 def _hash(token: str) -> str:
@@ -32,18 +76,42 @@ async def create_key(session: AsyncSession, agent_id: str, *, actor: Actor) -> t
     return row, token
 
 
-async def authenticate(session: AsyncSession, token: str) -> str | None:
-    """The agent a live key belongs to, or None."""
-    if not token.startswith(PREFIX) or len(token) > 200:
-        return None
-    row = (
+def _plausible(token: str) -> bool:
+    return token.startswith(PREFIX) and len(token) <= 200
+
+
+async def _lookup(session: AsyncSession, digest: str) -> str | None:
+    return (
         await session.exec(
             select(AgentKey.agent_id).where(
-                col(AgentKey.key_hash) == _hash(token), col(AgentKey.revoked_at).is_(None)
+                col(AgentKey.key_hash) == digest, col(AgentKey.revoked_at).is_(None)
             )
         )
     ).first()
-    return row
+
+
+async def authenticate(session: AsyncSession, token: str) -> str | None:
+    """The agent a live key belongs to, or None (always asks the database)."""
+    if not _plausible(token):
+        return None
+    return await _lookup(session, _hash(token))
+
+
+async def authenticate_cached(
+    sessions: async_sessionmaker[AsyncSession], scope: str, token: str, *, cache: KeyCache = KEYS
+) -> str | None:
+    """:func:`authenticate` through the process's cache of live keys; ``scope`` names the database."""
+    if not _plausible(token):
+        return None
+    digest = _hash(token)
+    agent = cache.get(scope, digest)
+    if agent is not None:
+        return agent
+    async with sessions() as session:
+        agent = await _lookup(session, digest)
+    if agent is not None:
+        cache.put(scope, digest, agent)
+    return agent
 
 
 async def revoke_keys(
@@ -64,4 +132,9 @@ async def revoke_keys(
     ).all()
     for kid, agent in rows:
         await audit.append(session, "key_revoked", actor=actor, detail={"agent_id": agent, "key_id": kid})
+    if rows:
+        # Revoked in this process: stop trusting remembered keys now, and again once the
+        # revocation commits (a lookup in between could have remembered the key anew).
+        KEYS.clear()
+        sa.event.listen(session.sync_session, "after_commit", lambda _s: KEYS.clear(), once=True)
     return [str(r[0]) for r in rows]

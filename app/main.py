@@ -13,7 +13,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -180,6 +180,11 @@ def create_app(
         log.error("database unavailable on %s: %s: %s", request.url.path, type(exc).__name__, exc)
         return JSONResponse({"detail": "the database is unavailable; try again"}, 503)
 
+    async def unstorable(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": "a value cannot be stored (out of range or not valid text)"}, 422)
+
+    # Bad data reaching the database is the client's fault: 422, not "unavailable".
+    app.add_exception_handler(DataError, unstorable)
     # A driver error, a refused connection or an exhausted pool: the agent is told to retry
     # (its client denies meanwhile), never handed a 500.
     for kind in (DBAPIError, OSError, PoolTimeout):

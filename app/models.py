@@ -83,7 +83,7 @@ class ConfirmationRequest(SQLModel, table=True):
     reason: str | None = Field(default=None)
     created_at: datetime = _ts(default_factory=utcnow)
     expires_at: datetime = _ts()
-    decided_at: datetime | None = _ts(default=None, nullable=True)
+    decided_at: datetime | None = _ts(default=None, nullable=True, index=True)
     decided_by_channel: str | None = Field(default=None, max_length=200)
     decided_by_user_id: str | None = Field(default=None, max_length=200)
     decided_by_name: str | None = Field(default=None, max_length=200)

@@ -197,3 +197,9 @@ class AuditVerifyOut(BaseModel):
 
 class Problem(BaseModel):
     detail: str
+
+
+class Unprocessable(BaseModel):
+    """422: the errors of a body that does not validate, or the sentence of a limit it exceeds."""
+
+    detail: list[dict[str, Any]] | str

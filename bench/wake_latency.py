@@ -1,9 +1,18 @@
 """Decision-to-waiter latency through a real server process.
 
-Starts ``signoff serve`` on a scratch database, parks a long-poll on a pending
-request, approves it through the operator API, and times from sending the
-decision to the waiter's answer (an upper bound on commit-to-return: it
-includes the decision's own HTTP round trip). Prints p50 / p99 in ms.
+Starts ``signoff serve`` on a scratch database, parks a long-poll
+(``GET /v1/requests/{id}/wait``) on a pending request, approves it through the
+operator API from a second connection, and takes three clocks (wall clock,
+the same on both sides of loopback):
+
+- **send → return**: from sending the decision to the waiter's complete answer;
+  an upper bound, it includes the decision's own HTTP round trip and vote;
+- **commit → return**: from the ``approved`` audit event's timestamp, taken
+  inside the deciding transaction just before it commits, to the waiter's
+  answer: the wake-up itself plus the waiter's re-read and response (still an
+  upper bound on commit → return, by the few statements between the audit
+  event and the commit);
+- the decision's round trip, for reference.
 
     python -m bench.wake_latency [--db sqlite|postgres] [--rounds 200]
 """
@@ -15,58 +24,98 @@ import asyncio
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from datetime import datetime
 
 import httpx
 
-from bench._server import running_server
+from bench._server import SLACK_SECRET, Signoff, config_with_slack, fake_slack, running_server
 
 
-async def measure(url: str, key: str, admin: str, rounds: int) -> list[float]:
-    agent = {"Authorization": f"Bearer {key}"}
-    ops = {"Authorization": f"Bearer {admin}"}
-    samples: list[float] = []
+@dataclass
+class Samples:
+    send_to_return: list[float]
+    commit_to_return: list[float]
+    decision_rtt: list[float]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if q == 50:
+        return statistics.median(s)
+    return s[min(len(s) - 1, int(len(s) * q / 100))]
+
+
+def slack_click(rid: str) -> tuple[bytes, dict[str, str]]:
+    from tests.channels.slack_support import button_payload, form_body, signed
+
+    payload = button_payload("signoff_approve", request_id=rid)
+    payload["user"]["id"] = "W0ALICE"
+    payload["actions"][0]["action_ts"] = f"{time.time():.6f}"
+    body = form_body(payload)
+    return body, signed(body, timestamp=int(time.time()), secret=SLACK_SECRET)
+
+
+async def measure(s: Signoff, rounds: int, *, verbose: bool = True, via: str = "api") -> Samples:
+    """``via``: ``api`` (the operator API) or ``slack`` (a signed Slack button click; the server
+    needs :func:`bench._server.config_with_slack`)."""
+    out = Samples([], [], [])
     async with (
-        httpx.AsyncClient(base_url=url, timeout=30) as a,
-        httpx.AsyncClient(base_url=url, timeout=30) as b,
+        httpx.AsyncClient(base_url=s.url, timeout=30, headers=s.agent_headers) as agent,
+        httpx.AsyncClient(base_url=s.url, timeout=30, headers=s.admin_headers) as ops,
     ):
         for i in range(rounds):
-            r = await a.post(
-                "/v1/hooks/pre-tool-use",
-                json={"tool_name": "pay_x", "arguments": {"amount": 10**6}},
-                headers=agent,
+            tool = "slack_x" if via == "slack" else "pay_x"
+            r = await agent.post(
+                "/v1/hooks/pre-tool-use", json={"tool_name": tool, "arguments": {"amount": 10**6}}
             )
             rid = r.json()["request_id"]
-            waiter = asyncio.create_task(
-                a.get(f"/v1/requests/{rid}/wait", params={"timeout": 20}, headers=agent)
-            )
+            returned = 0.0
+
+            async def wait(rid: str = rid) -> httpx.Response:
+                nonlocal returned
+                w = await agent.get(f"/v1/requests/{rid}/wait", params={"timeout": 20})
+                returned = time.time()
+                return w
+
+            waiter = asyncio.create_task(wait())
             await asyncio.sleep(0.02)  # let the long-poll park
-            t0 = time.perf_counter()
-            d = await b.post(
-                f"/v1/admin/requests/{rid}/decision",
-                json={"verdict": "approve", "operator": "alice"},
-                headers=ops,
-            )
+            if via == "slack":
+                body, headers = slack_click(rid)
+                sent = time.time()
+                d = await ops.post("/callbacks/slack/bench-slack", content=body, headers=headers)
+            else:
+                sent = time.time()
+                d = await ops.post(
+                    f"/v1/admin/requests/{rid}/decision", json={"verdict": "approve", "operator": "alice"}
+                )
+            answered = time.time()
             d.raise_for_status()
             w = await waiter
-            samples.append((time.perf_counter() - t0) * 1000)
             if w.status_code != 200 or w.json()["status"] != "approved":
                 raise RuntimeError(f"waiter got {w.status_code}: {w.text}")
-            if (i + 1) % 50 == 0:
-                print(f"  {i + 1}/{rounds}", file=sys.stderr)
-    return samples
+            trail = d.json() if via == "api" else (await ops.get(f"/v1/admin/requests/{rid}")).json()
+            [event] = [e for e in trail["audit"] if e["action"] == "approved"]
+            committed = datetime.fromisoformat(event["created_at"]).timestamp()
+            out.send_to_return.append((returned - sent) * 1000)
+            out.commit_to_return.append((returned - committed) * 1000)
+            out.decision_rtt.append((answered - sent) * 1000)
+            if verbose and (i + 1) % 100 == 0:
+                print(f"  wake latency {i + 1}/{rounds}", file=sys.stderr)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--via", choices=["api", "slack"], default="slack")
     args = p.parse_args()
-    with running_server(args.db) as (url, key, admin):
-        samples = asyncio.run(measure(url, key, admin, args.rounds))
-    samples.sort()
-    p50 = statistics.median(samples)
-    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
-    print(f"decision → waiter ({args.db}, {len(samples)} rounds): p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    with fake_slack() as slack, running_server(args.db, config=config_with_slack(slack)) as s:
+        samples = asyncio.run(measure(s, args.rounds, via=args.via))
+    for name in ("send_to_return", "commit_to_return", "decision_rtt"):
+        v = getattr(samples, name)
+        print(f"{name} ({args.db}, {len(v)} rounds): p50 {pct(v, 50):.1f} ms, p99 {pct(v, 99):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from app.schemas import (
     RequestOut,
     SwitchIn,
     SwitchOut,
+    Unprocessable,
 )
 from channels import Verdict
 
@@ -68,7 +69,7 @@ async def read_request(request_id: str, session: SessionDep) -> AdminRequestOut:
 @router.post(
     "/requests/{request_id}/decision",
     response_model=AdminRequestOut,
-    responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Problem}},
+    responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_request(
     request_id: str, body: DecisionIn, runtime: RuntimeDep, session: SessionDep
@@ -95,7 +96,7 @@ async def decide_request(
 async def list_audit(
     session: SessionDep,
     request_id: str | None = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[AuditEventOut]:
     """Audit events in order, from ``after`` (a sequence number)."""
@@ -122,7 +123,7 @@ async def list_switches(session: SessionDep) -> list[SwitchOut]:
     return [SwitchOut.model_validate(r, from_attributes=True) for r in rows]
 
 
-@router.put("/switches/{name}", response_model=SwitchOut, responses={**ERRORS, 422: {"model": Problem}})
+@router.put("/switches/{name}", response_model=SwitchOut, responses={**ERRORS, 422: {"model": Unprocessable}})
 async def update_switch(
     name: Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")],
     body: SwitchIn,

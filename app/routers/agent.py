@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.routing import APIRoute
+from fastapi.security.utils import get_authorization_scheme_param
+from pydantic import ValidationError
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.audit import Actor
 from app.confirmations import TERMINAL, get_request, transition, votes_for
 from app.deps import AgentDep, RuntimeDep, SessionDep
 from app.hook_services import ServerHookServices
+from app.keys import authenticate_cached
 from app.metrics import GATE_CALLS
 from app.models import ConfirmationRequest, Status
 from app.runtime import Runtime
@@ -24,15 +30,18 @@ from app.schemas import (
     RequestOut,
     SessionStartIn,
     SessionStartOut,
+    Unprocessable,
 )
 from hooks import Decision, HookContext
 
 router = APIRouter(prefix="/v1", tags=["agent"])
+
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem},
     404: {"model": Problem},
     413: {"model": Problem},
-    422: {"model": Problem},
+    422: {"model": Unprocessable},
 }
 
 
@@ -52,8 +61,31 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def _check_limits(runtime: Runtime, body: PreToolUseIn | PostToolUseIn) -> None:
+def _within_limits(raw: bytes, max_depth: int, max_bytes: int) -> bool:
+    """Whether the raw JSON body alone proves both limits hold, without walking the values.
+
+    Depth: a field's depth is at most the number of ``{`` and ``[`` in the whole body.
+    Size: re-encoding as JSON turns one byte of the body into at most six (``\\u007f``).
+    """
+    return 6 * len(raw) <= max_bytes and raw.count(b"{") + raw.count(b"[") <= max_depth
+
+
+def _check_text(body: PreToolUseIn | PostToolUseIn | SessionStartIn) -> None:
+    """Refuse NUL characters in the fields stored as text (PostgreSQL cannot hold them)."""
+    for name in _TEXT_FIELDS:
+        value = getattr(body, name, None)
+        if isinstance(value, str) and "\x00" in value:
+            raise HTTPException(422, f"{name} must not contain NUL characters")
+
+
+_TEXT_FIELDS = ("tool_name", "session_id", "tool_call_id", "user_id", "idempotency_key", "error")
+
+
+def _check_limits(runtime: Runtime, body: PreToolUseIn | PostToolUseIn, raw: bytes | None = None) -> None:
+    _check_text(body)
     s = runtime.settings
+    if raw is not None and _within_limits(raw, s.max_argument_depth, s.max_argument_bytes):
+        return
     for field in ("arguments", "metadata"):
         value = getattr(body, field)
         if _depth(value, s.max_argument_depth) > s.max_argument_depth:
@@ -65,12 +97,77 @@ def _check_limits(runtime: Runtime, body: PreToolUseIn | PostToolUseIn) -> None:
             )
 
 
-@router.post("/hooks/pre-tool-use", response_model=DecisionOut, responses=ERRORS)
 async def run_pre_tool_use(
     body: PreToolUseIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
 ) -> DecisionOut:
     """Run the agent's PreToolUse hooks: allow, deny, or a pending request for a human."""
-    _check_limits(runtime, body)
+    return await _pre_tool_use(body, agent, runtime, session)
+
+
+async def _fast_pre_tool_use(request: Request) -> Response | None:
+    """The common case of ``run_pre_tool_use`` without FastAPI's per-request dependency solving.
+
+    A JSON body that validates and a live key: run the hooks in a transaction that
+    commits before the answer, and serialise the answer as the response model would.
+    Anything else (a missing or unknown key, a body that does not validate, another
+    content type) returns None and takes the standard path, which reads the same
+    cached body and produces the standard errors.
+    """
+    headers = request.headers
+    if headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        return None
+    scheme, token = get_authorization_scheme_param(headers.get("authorization"))
+    if scheme.lower() != "bearer" or not token:
+        return None
+    runtime: Runtime = request.app.state.runtime
+    agent = await authenticate_cached(runtime.reads, runtime.settings.database_url, token)
+    if agent is None:
+        return None
+    raw = await request.body()
+    try:
+        body = PreToolUseIn.model_validate_json(raw)
+    except ValidationError:
+        return None
+    session = runtime.sessions()
+    try:
+        out = await _pre_tool_use(body, agent, runtime, session, raw=raw)
+        if session.in_transaction():
+            await session.commit()
+    except BaseException:
+        await session.rollback()
+        await session.close()
+        raise
+    # After a commit (or with no transaction at all) the session holds no connection.
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+class _PreToolUseRoute(APIRoute):
+    """The pre-tool-use route: the fast path first, the standard handler when it declines."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        standard = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            fast = await _fast_pre_tool_use(request)
+            return fast if fast is not None else await standard(request)
+
+        return handler
+
+
+router.add_api_route(
+    "/hooks/pre-tool-use",
+    run_pre_tool_use,
+    methods=["POST"],
+    response_model=DecisionOut,
+    responses=ERRORS,
+    route_class_override=_PreToolUseRoute,
+)
+
+
+async def _pre_tool_use(
+    body: PreToolUseIn, agent: str, runtime: Runtime, session: AsyncSession, *, raw: bytes | None = None
+) -> DecisionOut:
+    _check_limits(runtime, body, raw)
     registry = runtime.registries.get(agent)
     if registry is None:
         return DecisionOut(decision="deny", reason=_not_configured(agent))
@@ -92,7 +189,9 @@ async def run_pre_tool_use(
     GATE_CALLS.labels("pre_tool_use", agent, gate_name, result.decision.value).inc()
     request = None
     if made is not None and result.request_id == made.id:
-        request = RequestOut.of(made, await votes_for(session, made.id))
+        # A request made by this call has no votes yet.
+        votes = [] if made is services.approvals.created else await votes_for(session, made.id)
+        request = RequestOut.of(made, votes)
     return DecisionOut(
         decision=result.decision.value,
         reason=result.reason,
@@ -142,6 +241,7 @@ async def run_session_start(
     body: SessionStartIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
 ) -> SessionStartOut:
     """Run the agent's SessionStart hooks: the context they add."""
+    _check_text(body)
     registry = runtime.registries.get(agent)
     if registry is None:
         return SessionStartOut(decision="deny", reason=_not_configured(agent))
@@ -161,7 +261,19 @@ async def run_session_start(
     )
 
 
+def _no_such_request(agent: str, request_id: str) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r} for agent {agent!r}")
+
+
+def _plausible_id(request_id: str) -> bool:
+    """Whether a request could have this id; others (too long, a NUL, which PostgreSQL
+    refuses in text) are answered 404 without asking the database."""
+    return 0 < len(request_id) <= 32 and "\x00" not in request_id
+
+
 async def _own(runtime: Runtime, agent: str, request_id: str) -> RequestOut:
+    if not _plausible_id(request_id):
+        raise _no_such_request(agent, request_id)
     async with runtime.reads() as session:
         req = await get_request(session, request_id)
         if req is None or req.agent_id != agent:
@@ -205,6 +317,8 @@ async def cancel_request(
     request_id: str, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
 ) -> RequestOut:
     """Withdraw a pending request (the agent no longer needs the call)."""
+    if not _plausible_id(request_id):
+        raise _no_such_request(agent, request_id)
     req: ConfirmationRequest | None = await get_request(session, request_id)
     if req is None or req.agent_id != agent:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r} for agent {agent!r}")
