@@ -135,6 +135,7 @@ def create_app(
                 rt.config,
                 wake=rt.hub.outbox,
                 poll_seconds=settings.outbox_poll_seconds,
+                lease_seconds=settings.outbox_lease_seconds,
             )
             tasks.append(asyncio.create_task(dispatcher.run(), name="outbox"))
             tasks.append(

@@ -32,7 +32,6 @@ __all__ = ["Dispatcher", "backoff"]
 
 log = logging.getLogger("signoff.outbox")
 
-LEASE = timedelta(seconds=60)
 MAX_ATTEMPTS = 60
 
 
@@ -52,6 +51,7 @@ class Dispatcher:
         *,
         wake: asyncio.Event,
         poll_seconds: float = 1.0,
+        lease_seconds: float = 30.0,
         concurrency: int = 8,
     ) -> None:
         self._sessions = sessions
@@ -59,6 +59,7 @@ class Dispatcher:
         self._config = config
         self._wake = wake
         self._poll = poll_seconds
+        self._lease = timedelta(seconds=lease_seconds)
         self._slots = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
 
@@ -108,7 +109,7 @@ class Dispatcher:
                         col(Delivery.status) == OutboxStatus.PENDING,
                         or_(col(Delivery.leased_until).is_(None), col(Delivery.leased_until) < now),
                     )
-                    .values(leased_until=now + LEASE)
+                    .values(leased_until=now + self._lease)
                     .returning(col(Delivery.id))
                 )
                 if res.first() is not None:

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     max_wait_seconds: float = 60.0
     sweep_interval_seconds: float = 1.0
     outbox_poll_seconds: float = 1.0
+    outbox_lease_seconds: float = Field(default=30.0, gt=0)
+    """How long a delivery is held by the dispatcher sending it; after a crash it is sent again
+    once this runs out. Keep it well above the chat platform's slowest answer."""
     cross_process_poll_seconds: float = 1.0
     """How often a waiter re-reads its request, to learn of decisions made by another process."""
     session_secret: SecretStr | None = None

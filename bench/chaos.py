@@ -199,7 +199,7 @@ class Processes:
         self.starts += 1
         log = self._log(f"server-{self.starts}.log")
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "bench._chaos_serve", "serve", "--port", str(self.port), "--no-migrate"],
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--no-migrate"],
             env=self.env,
             cwd=ROOT,
             stdout=log,
@@ -398,7 +398,7 @@ async def run(
                     "SIGNOFF_CONFIG": str(cfg),
                     "SIGNOFF_DATABASE_URL": url,
                     "SIGNOFF_ADMIN_TOKEN": admin,
-                    "SIGNOFF_CHAOS_LEASE_SECONDS": str(LEASE_SECONDS),
+                    "SIGNOFF_OUTBOX_LEASE_SECONDS": str(LEASE_SECONDS),
                     "SIGNOFF_LOG_LEVEL": "WARNING",
                 }
                 cli = [sys.executable, "-m", "app.cli"]
