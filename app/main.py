@@ -33,8 +33,14 @@ __all__ = ["create_app"]
 log = logging.getLogger("signoff")
 
 
+_NUL_IN_URL = (
+    b'{"detail":[{"type":"value_error","loc":["path"],"msg":"the URL must not contain NUL characters"}]}'
+)
+
+
 class BodyLimit:
-    """Refuse bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
+    """Refuse bodies over ``limit`` bytes with 413, whether or not Content-Length is sent, and
+    URLs carrying NUL characters with 422 (no database can store or match them)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -43,6 +49,10 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if "\x00" in scope.get("path", "") or b"%00" in scope.get("query_string", b""):
+            # Shaped like FastAPI's own validation errors, as the schema documents 422.
+            await _answer(send, 422, _NUL_IN_URL)
             return
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
@@ -73,15 +83,14 @@ class BodyLimit:
                 await self._too_large(send)
 
     async def _too_large(self, send: Send) -> None:
-        body = f'{{"detail":"request body is larger than {self.limit} bytes"}}'.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 413, f'{{"detail":"request body is larger than {self.limit} bytes"}}'.encode())
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    start: Message = {"type": "http.response.start", "status": status}
+    start["headers"] = [(b"content-type", b"application/json")]
+    await send(start)
+    await send({"type": "http.response.body", "body": body})
 
 
 class _TooLarge(Exception):

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.models import AuditEvent, ConfirmationRequest, Status, Vote
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+"""A string stored in a text column (PostgreSQL cannot hold NUL characters)."""
 
 
 class PreToolUseIn(BaseModel):
@@ -62,8 +72,8 @@ class SwitchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     on: bool
-    operator: str = Field(min_length=1, max_length=200)
-    reason: str | None = Field(default=None, max_length=2000)
+    operator: Text = Field(min_length=1, max_length=200)
+    reason: Text | None = Field(default=None, max_length=2000)
 
 
 class SwitchOut(BaseModel):
@@ -184,8 +194,8 @@ class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     verdict: Literal["approve", "reject"]
-    operator: str = Field(min_length=1, max_length=200)
-    reason: str | None = Field(default=None, max_length=2000)
+    operator: Text = Field(min_length=1, max_length=200)
+    reason: Text | None = Field(default=None, max_length=2000)
 
 
 class AuditVerifyOut(BaseModel):

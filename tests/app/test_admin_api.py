@@ -561,3 +561,20 @@ async def test_config_is_shown_with_secrets_masked(http: httpx.AsyncClient, admi
     assert two_person["require_reject_reason"] is True
     assert cfg["agents"]["other-bot"]["hooks"] == []
     assert "password" in cfg["redact"]
+
+
+async def test_nul_characters_are_a_422_not_a_database_error(
+    http: httpx.AsyncClient, admin_headers: dict[str, str]
+) -> None:
+    for path in (
+        "/v1/admin/audit?request_id=a%00b",
+        "/v1/admin/requests?agent=x%00",
+        "/v1/admin/requests/a%00b",
+    ):
+        r = await http.get(path, headers=admin_headers)
+        assert r.status_code == 422, (path, r.text)
+    r = await http.put(
+        "/v1/admin/switches/read_only", json={"on": True, "operator": "al\u0000ice"}, headers=admin_headers
+    )
+    assert r.status_code == 422
+    assert "NUL" in r.text
