@@ -26,6 +26,7 @@ run: install
 	@echo "==> Signoff on http://127.0.0.1:8000 (SQLite: ./signoff.db, config: examples/signoff.yaml)"
 	@echo "    operator API token: $$(cat .signoff-admin-token)   (export SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token))"
 	@SIGNOFF_CONFIG=$${SIGNOFF_CONFIG:-examples/signoff.yaml} SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token) \
+		SIGNOFF_LOG_FORMAT=$${SIGNOFF_LOG_FORMAT:-text} \
 		$(BIN)/signoff serve
 
 test: install postgres chromium lint typecheck migrations-check pytest

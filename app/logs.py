@@ -43,6 +43,7 @@ def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per plugin otherwise
 
 
 class RequestId:
