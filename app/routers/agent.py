@@ -15,6 +15,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.audit import Actor
 from app.confirmations import TERMINAL, get_request, transition, votes_for
+from app.db import transaction
 from app.deps import AgentDep, RuntimeDep, SessionDep
 from app.hook_services import ServerHookServices
 from app.keys import authenticate_cached
@@ -128,16 +129,9 @@ async def _fast_pre_tool_use(request: Request) -> Response | None:
         body = PreToolUseIn.model_validate_json(raw)
     except ValidationError:
         return None
-    session = runtime.sessions()
-    try:
+    # The same transaction rule as SessionDep: commit before answering, roll back on any error.
+    async with transaction(runtime.sessions) as session:
         out = await _pre_tool_use(body, agent, runtime, session, raw=raw)
-        if session.in_transaction():
-            await session.commit()
-    except BaseException:
-        await session.rollback()
-        await session.close()
-        raise
-    # After a commit (or with no transaction at all) the session holds no connection.
     return Response(out.model_dump_json(), media_type="application/json")
 
 
