@@ -54,6 +54,8 @@ ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
 }
 TERMINAL = frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if not targets)
 
+WEB_CHANNEL = "web"
+"""The built-in channel: requests are shown and decided in Signoff itself, so no card is owed."""
 DECIDED_KEY = "signoff.decided"
 NOTIFY_CHANNEL = "signoff_decided"
 NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
@@ -118,6 +120,8 @@ async def _mark_decided(session: AsyncSession, request_ids: Sequence[str]) -> No
 
 async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
     """Owe the channel a redraw of the request's card (one queued redraw is enough)."""
+    if channel == WEB_CHANNEL:
+        return
     # Only the request's own few deliveries, by the request_id index (with the other
     # conditions in SQL, SQLite's planner prefers the status index and scans every
     # pending delivery), then the rest in Python.
@@ -576,10 +580,11 @@ class Approvals:
             if found is None:
                 raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
             return self._replay(found, digest)
-        delivery = Delivery(
-            request_id=req.id, channel=gate.channel, kind="post", created_at=now, next_attempt_at=now
-        )
-        await session.exec(_INSERT_DELIVERY, params=_row(delivery, skip=("id",)))
+        if gate.channel != WEB_CHANNEL:
+            delivery = Delivery(
+                request_id=req.id, channel=gate.channel, kind="post", created_at=now, next_attempt_at=now
+            )
+            await session.exec(_INSERT_DELIVERY, params=_row(delivery, skip=("id",)))
         # The audit event last: on PostgreSQL its head row is locked until commit.
         await audit.append(
             session,
@@ -593,7 +598,8 @@ class Approvals:
                 "user_id": ctx.user_id,
             },
         )
-        session.sync_session.info[OUTBOX_KEY] = True
+        if gate.channel != WEB_CHANNEL:
+            session.sync_session.info[OUTBOX_KEY] = True
         self.created = self.request = req
         return HookResult(
             decision=Decision.PENDING,

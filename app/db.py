@@ -242,13 +242,17 @@ def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
 @asynccontextmanager
 async def transaction(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
     """One transaction: commit on success, roll back on any exception."""
-    async with factory() as session:
-        try:
-            yield session
+    session = factory()
+    try:
+        yield session
+        if session.in_transaction():
             await session.commit()
-        except BaseException:
-            await session.rollback()
-            raise
+    except BaseException:
+        await session.rollback()
+        await session.close()
+        raise
+    # After the commit (or with no transaction at all) the session holds no connection:
+    # closing it would only cost a greenlet hop on every request of the allow path.
 
 
 def migrate(url: str, revision: str = "head") -> None:
