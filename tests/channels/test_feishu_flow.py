@@ -29,6 +29,7 @@ from tests.channels.feishu_support import (
     signed_encrypted,
 )
 from tests.conftest import DEFAULT_CONFIG, Server
+from tests.waiting import eventually
 
 CHANNEL = "ops-feishu"
 PLAIN = "plain-feishu"
@@ -75,17 +76,6 @@ async def feishu_server(
             yield server, http
     finally:
         await runtime.aclose()
-
-
-async def eventually(check: Any, timeout: float = 10) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 async def test_card_click_decides_and_the_agent_is_released(

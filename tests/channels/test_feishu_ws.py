@@ -7,7 +7,6 @@ import base64
 import json
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from channels.feishu import FeishuChannel
 from tests.channels.feishu_fake import FakeFeishu, FakeLongConnection, ack_data
 from tests.channels.feishu_support import RecordingHandler, buttons, card_action, fixture, make_channel
+from tests.waiting import eventually
 
 
 def ws_channel(fake: FakeFeishu, **config: Any) -> FeishuChannel:
@@ -23,14 +23,6 @@ def ws_channel(fake: FakeFeishu, **config: Any) -> FeishuChannel:
 
 def long_connection_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "feishu-long-connection" and t.is_alive()]
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_click_over_the_long_connection_is_acked_with_toast_and_card(fake: FakeFeishu) -> None:

@@ -46,6 +46,7 @@ from tests.channels.slack_support import (
     signed,
     submission_payload,
 )
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -568,14 +569,6 @@ async def test_unknown_payload_types_change_nothing(
 
 async def next_ack(fake: FakeSlack) -> dict[str, Any]:
     return await asyncio.wait_for(fake.acks.get(), timeout=5)
-
-
-async def eventually(condition: Any) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met within 5 s")
 
 
 async def test_socket_mode_routes_envelopes_through_the_same_handler(

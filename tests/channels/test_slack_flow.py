@@ -28,6 +28,7 @@ from tests.channels.slack_support import (
     submission_payload,
 )
 from tests.conftest import DEFAULT_CONFIG, Server
+from tests.waiting import eventually
 
 NAME = "ops-slack"
 
@@ -58,16 +59,6 @@ async def slack_server(
             yield server, http
     finally:
         await runtime.aclose()
-
-
-async def eventually(check: Any, timeout: float = 10) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (value := check()):
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
-    return value
 
 
 def click(action: str, request_id: str, user: str) -> tuple[bytes, dict[str, str]]:
