@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,16 +15,15 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.models import AuditEvent, AuditHead, utcnow
 
-__all__ = ["Actor", "BrokenLink", "append", "event_hash", "verify_chain"]
+__all__ = ["Actor", "BrokenLink", "Entry", "append", "append_many", "event_hash", "verify_chain"]
 
 GENESIS = "0" * 64
 _EVENTS: sa.Table = AuditEvent.__table__  # type: ignore[attr-defined]
 _HEAD: sa.Table = AuditHead.__table__  # type: ignore[attr-defined]
-_EVENT_COLUMNS = [c.name for c in _EVENTS.columns]
-_TAKE_SEQ = (
+_TAKE_SEQS = (
     sa.update(_HEAD)
     .where(_HEAD.c.id == 1)
-    .values(seq=_HEAD.c.seq + 1)
+    .values(seq=_HEAD.c.seq + sa.bindparam("n", type_=sa.Integer))
     .returning(_HEAD.c.seq, _HEAD.c.last_hash)
 )
 _INSERT = sa.insert(_EVENTS)
@@ -73,6 +72,16 @@ def event_hash(
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One event to append: what happened, who did it, to which request, and the details."""
+
+    action: str
+    actor: Actor = SYSTEM
+    request_id: str | None = None
+    detail: dict[str, Any] | None = None
+
+
 async def append(
     session: AsyncSession,
     action: str,
@@ -80,44 +89,56 @@ async def append(
     actor: Actor = SYSTEM,
     request_id: str | None = None,
     detail: dict[str, Any] | None = None,
-) -> AuditEvent:
-    """Append one event in the caller's transaction.
+) -> None:
+    """Append one event in the caller's transaction."""
+    await append_many(session, [Entry(action, actor, request_id, detail)])
 
-    Taking the next sequence number is an UPDATE of the single head row, so
-    concurrent appenders (threads or replicas) queue on its row lock and the
+
+async def append_many(session: AsyncSession, entries: Sequence[Entry]) -> None:
+    """Append events, in order, in the caller's transaction: three statements however many.
+
+    Taking the sequence numbers is an UPDATE of the single head row, so
+    concurrent appenders (tasks or replicas) queue on its row lock and the
     chain never forks.
     """
-    row = (await session.exec(_TAKE_SEQ)).one()
-    seq, prev = int(row[0]), str(row[1])
-    # JSON round trip so the hash covers exactly what the database will return.
-    detail = json.loads(json.dumps(detail or {}, default=str))
+    if not entries:
+        return
+    row = (await session.exec(_TAKE_SEQS, params={"n": len(entries)})).one()
+    seq, prev = int(row[0]) - len(entries), str(row[1])
     created_at = utcnow()
-    digest = event_hash(
-        seq=seq,
-        prev_hash=prev,
-        request_id=request_id,
-        action=action,
-        actor=actor,
-        detail=detail,
-        created_at=created_at,
-    )
-    event = AuditEvent(
-        seq=seq,
-        request_id=request_id,
-        action=action,
-        actor_channel=actor.channel,
-        actor_id=actor.id,
-        actor_name=actor.name,
-        detail=detail,
-        created_at=created_at,
-        prev_hash=prev,
-        hash=digest,
-    )
+    rows = []
+    for e in entries:
+        seq += 1
+        # JSON round trip so the hash covers exactly what the database will return.
+        detail = json.loads(json.dumps(e.detail or {}, default=str))
+        digest = event_hash(
+            seq=seq,
+            prev_hash=prev,
+            request_id=e.request_id,
+            action=e.action,
+            actor=e.actor,
+            detail=detail,
+            created_at=created_at,
+        )
+        rows.append(
+            {
+                "seq": seq,
+                "request_id": e.request_id,
+                "action": e.action,
+                "actor_channel": e.actor.channel,
+                "actor_id": e.actor.id,
+                "actor_name": e.actor.name,
+                "detail": detail,
+                "created_at": created_at,
+                "prev_hash": prev,
+                "hash": digest,
+            }
+        )
+        prev = digest
     # Prepared Core statements, not the unit of work: no flush bookkeeping, no statement
-    # to build and compile per call.
-    await session.exec(_INSERT, params={c: getattr(event, c) for c in _EVENT_COLUMNS})
-    await session.exec(_SET_HASH, params={"new_hash": digest})
-    return event
+    # to build and compile per call; several rows go in one statement.
+    await session.exec(_INSERT, params=rows)
+    await session.exec(_SET_HASH, params={"new_hash": prev})
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,13 +27,11 @@ from app.config import SignoffConfig
 from app.metrics import DECISION_SECONDS, DECISIONS
 from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
 from channels import Card, Person, Verdict
-from hooks import Decision, HookContext, HookResult
-from hooks.confirmation_gate import ConfirmationGate
+from hooks import Decision, HookResult
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "TERMINAL",
-    "Approvals",
     "VoteResult",
     "Voter",
     "build_card",
@@ -470,11 +467,6 @@ async def _insert_unless_taken(
     return (await session.exec(stmt, params=row)).first() is not None
 
 
-async def _insert_unless_replayed(session: AsyncSession, req: ConfirmationRequest) -> bool:
-    """INSERT ``req`` unless its agent already used its idempotency key; True if inserted."""
-    return await _insert_unless_taken(session, _REQUESTS, ("agent_id", "idempotency_key"), _row(req))
-
-
 async def _settle(
     session: AsyncSession,
     req: ConfirmationRequest,
@@ -498,111 +490,3 @@ async def _settle(
     }
     for name, value in values.items():
         set_committed_value(req, name, value)
-
-
-class Approvals:
-    """The server side of the confirmation gate for one call (see :class:`hooks.HookServices`)."""
-
-    def __init__(self, session: AsyncSession, config: SignoffConfig, *, now: datetime | None = None) -> None:
-        self._session = session
-        self._config = config
-        self._now = now
-        self.created: ConfirmationRequest | None = None
-        self.request: ConfirmationRequest | None = None
-
-    @staticmethod
-    def idempotency_key(ctx: HookContext) -> str | None:
-        if ctx.idempotency_key:
-            return ctx.idempotency_key
-        if ctx.session_id and ctx.tool_call_id:
-            return f"{ctx.session_id}:{ctx.tool_call_id}"
-        return None
-
-    async def _existing(self, agent_id: str, key: str) -> ConfirmationRequest | None:
-        return (
-            await self._session.exec(
-                select(ConfirmationRequest).where(
-                    col(ConfirmationRequest.agent_id) == agent_id,
-                    col(ConfirmationRequest.idempotency_key) == key,
-                )
-            )
-        ).one_or_none()
-
-    def _replay(self, found: ConfirmationRequest, digest: str) -> HookResult:
-        if found.call_digest != digest:
-            # Never let an approval for one call stand in for another.
-            return HookResult.deny(
-                f"idempotency key {found.idempotency_key!r} was already used for a different call "
-                f"(request {found.id}); send a new key for a new call"
-            )
-        self.request = found
-        return decision_for(found)
-
-    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
-        assert isinstance(gate, ConfirmationGate)
-        session, config = self._session, self._config
-        key = self.idempotency_key(ctx)
-        digest = call_digest(ctx.tool_name, ctx.arguments)
-        now = self._now or utcnow()
-        words = (
-            config.redact | frozenset(w.lower() for w in config.agents[ctx.agent_id].redact)
-            if ctx.agent_id in config.agents
-            else config.redact
-        )
-        req = ConfirmationRequest(
-            id=uuid.uuid4().hex,
-            agent_id=ctx.agent_id,
-            tool_name=ctx.tool_name,
-            arguments=redact(dict(ctx.arguments), words),
-            user_id=ctx.user_id,
-            session_id=ctx.session_id,
-            tool_call_id=ctx.tool_call_id,
-            idempotency_key=key,
-            call_digest=digest,
-            request_metadata=redact(dict(ctx.metadata), words),
-            gate={
-                "name": gate.label,
-                "approvers": list(gate.approvers),
-                "quorum": gate.quorum,
-                "allow_self_approval": gate.allow_self_approval,
-                "require_reject_reason": gate.require_reject_reason,
-                "timeout_seconds": gate.timeout.total_seconds(),
-            },
-            channel=gate.channel,
-            requester=config.recognise(ctx.user_id) or ctx.user_id,
-            created_at=now,
-            expires_at=now + gate.timeout,
-        )
-        if not await _insert_unless_replayed(session, req):
-            # The key is taken: a replay, or the same call raced itself in (the INSERT waited
-            # for the other transaction); answer with the request that won.
-            found = await self._existing(ctx.agent_id, key or "")
-            if found is None:
-                raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
-            return self._replay(found, digest)
-        if gate.channel != WEB_CHANNEL:
-            delivery = Delivery(
-                request_id=req.id, channel=gate.channel, kind="post", created_at=now, next_attempt_at=now
-            )
-            await session.exec(_INSERT_DELIVERY, params=_row(delivery, skip=("id",)))
-        # The audit event last: on PostgreSQL its head row is locked until commit.
-        await audit.append(
-            session,
-            "created",
-            actor=Actor("agent", ctx.agent_id),
-            request_id=req.id,
-            detail={
-                "tool": ctx.tool_name,
-                "gate": gate.label,
-                "channel": gate.channel,
-                "user_id": ctx.user_id,
-            },
-        )
-        if gate.channel != WEB_CHANNEL:
-            session.sync_session.info[OUTBOX_KEY] = True
-        self.created = self.request = req
-        return HookResult(
-            decision=Decision.PENDING,
-            reason=f"waiting for approval in {gate.channel} (request {req.id})",
-            request_id=req.id,
-        )

@@ -1,9 +1,9 @@
-"""The server side of the built-in hooks (:class:`hooks.HookServices`), in the call's transaction."""
+"""The server side of the built-in hooks (:class:`hooks.HookServices`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
@@ -11,10 +11,13 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app import audit
 from app.audit import Actor
-from app.config import SignoffConfig
-from app.confirmations import Approvals, redact
+from app.confirmations import redact
+from app.intake import Approvals
 from app.models import RateBucket, Switch, utcnow
 from hooks import HookContext, HookResult
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
 
 __all__ = ["ServerHookServices", "is_switch_on", "set_switch"]
 
@@ -44,10 +47,15 @@ async def set_switch(
 
 
 class ServerHookServices:
-    def __init__(self, session: AsyncSession, config: SignoffConfig, agent_id: str) -> None:
+    """Writes go to the call's ``session`` (new requests through the runtime's intake
+    while that session has not begun); reads of switches take a reading session, so a
+    guard alone never starts the call's write transaction."""
+
+    def __init__(self, session: AsyncSession, runtime: Runtime, agent_id: str) -> None:
+        config = runtime.config
         self._session = session
-        self._config = config
-        self.approvals = Approvals(session, config)
+        self._reads = runtime.reads
+        self.approvals = Approvals(session, config, intake=runtime.intake)
         extra = config.agents[agent_id].redact if agent_id in config.agents else ()
         self._redact = config.redact | frozenset(w.lower() for w in extra)
 
@@ -55,7 +63,10 @@ class ServerHookServices:
         return await self.approvals.request_approval(ctx, gate)
 
     async def is_switch_on(self, name: str) -> bool:
-        return await is_switch_on(self._session, name)
+        if self._session.in_transaction():
+            return await is_switch_on(self._session, name)
+        async with self._reads() as session:
+            return await is_switch_on(session, name)
 
     async def take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
         session, now = self._session, utcnow()

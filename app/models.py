@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.orm import configure_mappers
+from sqlalchemy.orm.instrumentation import manager_of_class
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -19,8 +22,22 @@ SQLModel.metadata.naming_convention = {
 }
 
 
+M = TypeVar("M", bound=SQLModel)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def from_row(cls: type[M], values: Mapping[str, Any]) -> M:
+    """An instance holding ``values`` as given, built the way the ORM builds the rows it
+    reads: no validation and no attribute events (a tenth of the constructor's cost)."""
+    manager = manager_of_class(cls)
+    if not manager.mapper.configured:
+        configure_mappers()
+    instance: M = manager.new_instance()
+    instance.__dict__.update(values)
+    return instance
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -17,6 +17,7 @@ from app.clicks import ClickService
 from app.config import SignoffConfig, load_config
 from app.confirmations import DECIDED_KEY, OUTBOX_KEY
 from app.db import create_engine, is_sqlite
+from app.intake import Intake
 from app.models import ConfirmationRequest
 from app.settings import Settings
 from app.waiters import Hub
@@ -61,6 +62,11 @@ class Runtime:
     """Sessions for reading only (on SQLite they do not queue behind writers)."""
     channels: dict[str, Channel] = field(default_factory=dict)
     registries: dict[str, HookRegistry] = field(default_factory=dict)
+    intake: Intake = field(init=False)
+    """Writes new requests, several calls per transaction when they arrive together."""
+
+    def __post_init__(self) -> None:
+        self.intake = Intake(self.sessions)
 
     @classmethod
     def create(

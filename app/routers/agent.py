@@ -165,7 +165,7 @@ async def _pre_tool_use(
     registry = runtime.registries.get(agent)
     if registry is None:
         return DecisionOut(decision="deny", reason=_not_configured(agent))
-    services = ServerHookServices(session, runtime.config, agent)
+    services = ServerHookServices(session, runtime, agent)
     ctx = HookContext(
         agent_id=agent,
         tool_name=body.tool_name,
@@ -217,7 +217,7 @@ async def run_post_tool_use(
         tool_call_id=body.tool_call_id,
         metadata={**body.metadata, **({"error": body.error} if body.error else {})},
         result=body.result,
-        services=ServerHookServices(session, runtime.config, agent),
+        services=ServerHookServices(session, runtime, agent),
     )
     result = await registry.run_post_tool_use(ctx)
     GATE_CALLS.labels("post_tool_use", agent, "", result.decision.value).inc()
@@ -244,7 +244,7 @@ async def run_session_start(
         user_id=body.user_id,
         session_id=body.session_id,
         metadata=body.metadata,
-        services=ServerHookServices(session, runtime.config, agent),
+        services=ServerHookServices(session, runtime, agent),
     )
     result = await registry.run_session_start(ctx)
     GATE_CALLS.labels("session_start", agent, "", result.decision.value).inc()

@@ -11,7 +11,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app import audit
 from app.audit import Actor
 from app.config import SignoffConfig
-from app.confirmations import Approvals
+from app.intake import Approvals
 from app.models import ConfirmationRequest, Delivery, Status, utcnow
 from hooks import HookContext
 from hooks.confirmation_gate import ConfirmationGate

@@ -17,8 +17,8 @@ from sqlmodel import col
 from app.audit import Actor
 from app.channel_types import CHANNEL_TYPES, ChannelType
 from app.config import SignoffConfig, parse_config
-from app.confirmations import Approvals
 from app.db import transaction
+from app.intake import Approvals
 from app.keys import create_key
 from app.models import AuditEvent, utcnow
 from app.runtime import Runtime

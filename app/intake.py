@@ -1,0 +1,294 @@
+"""New requests: the server side of the confirmation gate.
+
+A gated call becomes a pending :class:`ConfirmationRequest`, its ``created``
+audit event and, for a chat channel, the outbox's ``post`` delivery — all
+committed before the agent hears ``pending``. An idempotency key already used
+by the agent answers with the request that holds it instead (a replay), and
+never for a different call.
+
+Calls that arrive together are written together (group commit): the
+:class:`Intake` writes whatever calls are waiting in one transaction of a few
+multi-row statements, so a busy server pays for one transaction and one turn
+of the audit chain's head-row lock per batch rather than per call. A call whose
+own transaction has already begun (another hook wrote in it) is written in
+that transaction instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app import audit
+from app.audit import Actor
+from app.config import SignoffConfig
+from app.confirmations import OUTBOX_KEY, WEB_CHANNEL, call_digest, decision_for, redact
+from app.db import transaction
+from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
+from hooks import Decision, HookContext, HookResult
+from hooks.confirmation_gate import ConfirmationGate
+
+__all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
+
+MAX_BATCH = 256
+"""Calls written in one transaction at most."""
+
+_REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
+_DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
+_INSERT_DELIVERIES = sa.insert(_DELIVERIES)
+_INSERT_REQUESTS = {
+    # A key already taken (by an earlier call or by one earlier in the same batch) inserts
+    # nothing and returns no id; on PostgreSQL a racing insert of the same key waits for
+    # the other transaction, then does nothing.
+    name: dialect.insert(_REQUESTS)
+    .on_conflict_do_nothing(index_elements=["agent_id", "idempotency_key"])
+    .returning(_REQUESTS.c.id)
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+
+
+_UNDECIDED = dict.fromkeys(
+    ("reason", "decided_at", "decided_by_channel", "decided_by_user_id", "decided_by_name")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A request ready to be written: its row (every column), and the ``created`` event's details."""
+
+    row: dict[str, Any]
+    detail: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.row["id"])
+
+
+def _post(row: dict[str, Any]) -> dict[str, Any]:
+    """The outbox row owing a channel the request's card."""
+    return {
+        "request_id": row["id"],
+        "channel": row["channel"],
+        "kind": "post",
+        "status": OutboxStatus.PENDING,
+        "attempts": 0,
+        "next_attempt_at": row["created_at"],
+        "leased_until": None,
+        "last_error": None,
+        "message_ref": None,
+        "created_at": row["created_at"],
+        "sent_at": None,
+    }
+
+
+async def write_new_requests(
+    session: AsyncSession, batch: Sequence[NewRequest]
+) -> list[ConfirmationRequest | None]:
+    """Write ``batch`` in the caller's transaction.
+
+    For each entry: None if its request was written, or the existing request that
+    already holds its idempotency key.
+    """
+    dialect = session.sync_session.get_bind().dialect.name
+    result = await session.exec(_INSERT_REQUESTS[dialect], params=[n.row for n in batch])
+    written = {str(r[0]) for r in result.all()}
+    answers: list[ConfirmationRequest | None] = []
+    for n in batch:
+        if n.id in written:
+            answers.append(None)
+            continue
+        # The key is taken: a replay, or the same call raced itself in; answer with the
+        # request that won.
+        agent_id, key = n.row["agent_id"], n.row["idempotency_key"]
+        found = (
+            await session.exec(
+                select(ConfirmationRequest).where(
+                    col(ConfirmationRequest.agent_id) == agent_id,
+                    col(ConfirmationRequest.idempotency_key) == key,
+                )
+            )
+        ).one_or_none()
+        if found is None:
+            raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
+        answers.append(found)
+    new = [n for n in batch if n.id in written]
+    posts = [_post(n.row) for n in new if n.row["channel"] != WEB_CHANNEL]
+    if posts:
+        await session.exec(_INSERT_DELIVERIES, params=posts)
+        session.sync_session.info[OUTBOX_KEY] = True
+    # The audit events last: on PostgreSQL the head row is locked until commit.
+    await audit.append_many(
+        session, [audit.Entry("created", Actor("agent", n.row["agent_id"]), n.id, n.detail) for n in new]
+    )
+    return answers
+
+
+def _isolate(exc: BaseException) -> bool:
+    """Whether a failed batch is worth writing again one call at a time: the error may lie
+    with one call's data, not with the database being unreachable."""
+    if isinstance(exc, sa.exc.DataError | sa.exc.IntegrityError):
+        return True
+    return not isinstance(exc, sa.exc.DBAPIError | sa.exc.TimeoutError | OSError)
+
+
+_Waiting = tuple[NewRequest, "asyncio.Future[ConfirmationRequest | None]"]
+
+
+class Intake:
+    """Group commit for new requests (see the module's description).
+
+    The first call to arrive starts a writer; calls arriving while it writes wait
+    for the next batch. An idle server writes a lone call at once, so nothing
+    waits for a batch to fill. When a batch fails with an error that may belong
+    to one call (a value the database refuses), its calls are written again one
+    by one, so each gets its own answer.
+    """
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, max_batch: int = MAX_BATCH) -> None:
+        self._sessions = sessions
+        self._max_batch = max_batch
+        self._queue: list[_Waiting] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def write(self, new: NewRequest) -> ConfirmationRequest | None:
+        """Write ``new`` (committed on return): None, or the request already holding its key."""
+        future: asyncio.Future[ConfirmationRequest | None] = asyncio.get_running_loop().create_future()
+        self._queue.append((new, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        await asyncio.sleep(0)  # let calls already under way join the first batch
+        while self._queue:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            try:
+                await self._write(batch)
+            finally:
+                for _, future in batch:
+                    if not future.done():
+                        future.cancel()
+
+    async def _write(
+        self, batch: list[tuple[NewRequest, asyncio.Future[ConfirmationRequest | None]]]
+    ) -> None:
+        try:
+            async with transaction(self._sessions) as session:
+                answers = await write_new_requests(session, [n for n, _ in batch])
+        except Exception as exc:
+            if len(batch) > 1 and _isolate(exc):
+                for item in batch:
+                    await self._write([item])
+                return
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), answer in zip(batch, answers, strict=True):
+            if not future.done():
+                future.set_result(answer)
+
+
+class Approvals:
+    """The server side of the confirmation gate for one call (see :class:`hooks.HookServices`).
+
+    Writes through ``intake`` unless the call's ``session`` already holds a transaction
+    (or there is no intake), in which case the request joins that transaction.
+    """
+
+    def __init__(
+        self,
+        session: AsyncSession,
+        config: SignoffConfig,
+        *,
+        intake: Intake | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        self._session = session
+        self._config = config
+        self._intake = intake
+        self._now = now
+        self.created: ConfirmationRequest | None = None
+        self.request: ConfirmationRequest | None = None
+
+    @staticmethod
+    def idempotency_key(ctx: HookContext) -> str | None:
+        if ctx.idempotency_key:
+            return ctx.idempotency_key
+        if ctx.session_id and ctx.tool_call_id:
+            return f"{ctx.session_id}:{ctx.tool_call_id}"
+        return None
+
+    def _replay(self, found: ConfirmationRequest, digest: str) -> HookResult:
+        if found.call_digest != digest:
+            # Never let an approval for one call stand in for another.
+            return HookResult.deny(
+                f"idempotency key {found.idempotency_key!r} was already used for a different call "
+                f"(request {found.id}); send a new key for a new call"
+            )
+        self.request = found
+        return decision_for(found)
+
+    def _prepare(self, ctx: HookContext, gate: ConfirmationGate) -> NewRequest:
+        config = self._config
+        now = self._now or utcnow()
+        words = (
+            config.redact | frozenset(w.lower() for w in config.agents[ctx.agent_id].redact)
+            if ctx.agent_id in config.agents
+            else config.redact
+        )
+        row: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "agent_id": ctx.agent_id,
+            "tool_name": ctx.tool_name,
+            "arguments": redact(dict(ctx.arguments), words),
+            "user_id": ctx.user_id,
+            "session_id": ctx.session_id,
+            "tool_call_id": ctx.tool_call_id,
+            "idempotency_key": self.idempotency_key(ctx),
+            "call_digest": call_digest(ctx.tool_name, ctx.arguments),
+            "request_metadata": redact(dict(ctx.metadata), words),
+            "gate": {
+                "name": gate.label,
+                "approvers": list(gate.approvers),
+                "quorum": gate.quorum,
+                "allow_self_approval": gate.allow_self_approval,
+                "require_reject_reason": gate.require_reject_reason,
+                "timeout_seconds": gate.timeout.total_seconds(),
+            },
+            "channel": gate.channel,
+            "requester": config.recognise(ctx.user_id) or ctx.user_id,
+            "created_at": now,
+            "expires_at": now + gate.timeout,
+            "status": Status.PENDING,
+            **_UNDECIDED,
+        }
+        detail = {"tool": ctx.tool_name, "gate": gate.label, "channel": gate.channel, "user_id": ctx.user_id}
+        return NewRequest(row, detail)
+
+    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
+        assert isinstance(gate, ConfirmationGate)
+        new = self._prepare(ctx, gate)
+        if self._intake is None or self._session.in_transaction():
+            found = (await write_new_requests(self._session, [new]))[0]
+        else:
+            found = await self._intake.write(new)
+        if found is not None:
+            return self._replay(found, new.row["call_digest"])
+        req = from_row(ConfirmationRequest, new.row)
+        self.created = self.request = req
+        return HookResult(
+            decision=Decision.PENDING,
+            reason=f"waiting for approval in {gate.channel} (request {req.id})",
+            request_id=req.id,
+        )

@@ -1,0 +1,161 @@
+"""New requests written together: one transaction for the calls that arrive at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlmodel import col, func, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app import intake
+from app.audit import verify_chain
+from app.db import transaction
+from app.intake import Approvals, NewRequest
+from app.models import AuditEvent, ConfirmationRequest, Delivery
+from app.runtime import Runtime
+from hooks import Decision, HookContext, HookResult
+from hooks.confirmation_gate import ConfirmationGate
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every batch written (in the intake or in a call's own transaction)."""
+    sizes: list[int] = []
+    real = intake.write_new_requests
+
+    async def spy(session: AsyncSession, batch: Sequence[NewRequest]) -> list[ConfirmationRequest | None]:
+        sizes.append(len(batch))
+        return await real(session, batch)
+
+    monkeypatch.setattr(intake, "write_new_requests", spy)
+    return sizes
+
+
+def _gate(runtime: Runtime) -> ConfirmationGate:
+    gate = runtime.config.agents["finance-bot"].hooks[0]
+    assert isinstance(gate, ConfirmationGate)
+    return gate
+
+
+def _call(amount: int, key: str | None) -> HookContext:
+    return HookContext(
+        agent_id="finance-bot", tool_name="pay_invoice", arguments={"amount": amount}, idempotency_key=key
+    )
+
+
+async def _ask(runtime: Runtime, ctx: HookContext) -> HookResult:
+    async with transaction(runtime.sessions) as s:
+        return await Approvals(s, runtime.config, intake=runtime.intake).request_approval(ctx, _gate(runtime))
+
+
+async def _count(runtime: Runtime, model: Any, *where: Any) -> int:
+    async with runtime.reads() as s:
+        return int((await s.exec(select(func.count()).select_from(model).where(*where))).one())
+
+
+async def test_calls_arriving_together_are_written_in_one_transaction(
+    runtime: Runtime, batches: list[int]
+) -> None:
+    results = await asyncio.gather(*(_ask(runtime, _call(60_000 + i, f"k{i}")) for i in range(40)))
+
+    assert all(r.decision is Decision.PENDING for r in results)
+    ids = {r.request_id for r in results}
+    assert len(ids) == 40
+    assert sum(batches) == 40
+    assert max(batches) > 1, f"no call shared a transaction: {batches}"
+    assert len(batches) < 40
+    # Each request is there with its `created` event and its card post, and the chain holds.
+    assert await _count(runtime, ConfirmationRequest) == 40
+    assert await _count(runtime, AuditEvent, col(AuditEvent.action) == "created") == 40
+    assert await _count(runtime, Delivery, col(Delivery.kind) == "post") == 40
+    async with runtime.reads() as s:
+        count, broken = await verify_chain(s)
+        created = (await s.exec(select(AuditEvent.request_id).order_by(col(AuditEvent.seq)))).all()
+    assert (count, broken) == (40, None)
+    assert set(created) == ids
+
+
+async def test_the_same_call_twice_in_one_batch_is_one_request(runtime: Runtime, batches: list[int]) -> None:
+    first, second = await asyncio.gather(
+        _ask(runtime, _call(70_000, "same-key")), _ask(runtime, _call(70_000, "same-key"))
+    )
+
+    assert batches == [2]
+    assert first.decision is second.decision is Decision.PENDING
+    assert first.request_id == second.request_id
+    assert await _count(runtime, ConfirmationRequest) == 1
+    assert await _count(runtime, AuditEvent, col(AuditEvent.action) == "created") == 1
+
+
+async def test_a_key_reused_for_another_call_in_the_same_batch_is_denied(
+    runtime: Runtime, batches: list[int]
+) -> None:
+    results = await asyncio.gather(
+        _ask(runtime, _call(70_000, "shared-key")), _ask(runtime, _call(99_000, "shared-key"))
+    )
+
+    assert batches == [2]
+    assert sorted(r.decision.value for r in results) == ["deny", "pending"]
+    denied = next(r for r in results if r.decision is Decision.DENY)
+    assert "already used for a different call" in (denied.reason or "")
+    assert await _count(runtime, ConfirmationRequest) == 1
+
+
+async def test_a_call_the_database_refuses_fails_alone(runtime: Runtime, batches: list[int]) -> None:
+    approvals = Approvals(None, runtime.config)  # type: ignore[arg-type]
+    good = [approvals._prepare(_call(80_000 + i, f"good-{i}"), _gate(runtime)) for i in range(3)]
+    bad = approvals._prepare(_call(80_000, "bad"), _gate(runtime))
+    bad.row["tool_name"] = None  # NOT NULL: the database refuses this one row
+
+    results = await asyncio.gather(
+        *(runtime.intake.write(n) for n in [good[0], bad, good[1], good[2]]), return_exceptions=True
+    )
+
+    assert [results[0], results[2], results[3]] == [None, None, None]
+    assert isinstance(results[1], sa.exc.IntegrityError)
+    # The batch failed, then each call was written on its own.
+    assert batches == [4, 1, 1, 1, 1]
+    async with runtime.reads() as s:
+        stored = set((await s.exec(select(ConfirmationRequest.id))).all())
+        assert (await verify_chain(s))[1] is None
+    assert stored == {n.id for n in good}
+
+
+async def test_an_unreachable_database_fails_the_whole_batch_once(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    async def down(session: AsyncSession, batch: Sequence[NewRequest]) -> list[ConfirmationRequest | None]:
+        calls.append(len(batch))
+        raise sa.exc.OperationalError("INSERT", {}, ConnectionRefusedError("connection refused"))
+
+    monkeypatch.setattr(intake, "write_new_requests", down)
+    results = await asyncio.gather(
+        *(_ask(runtime, _call(60_000, f"down-{i}")) for i in range(5)), return_exceptions=True
+    )
+
+    assert all(isinstance(r, sa.exc.OperationalError) for r in results)
+    assert calls == [5]  # not retried call by call against a database that is down
+
+
+async def test_a_call_with_a_transaction_of_its_own_writes_in_it(
+    runtime: Runtime, batches: list[int]
+) -> None:
+    async with transaction(runtime.sessions) as s:
+        await s.exec(select(1))  # another hook has begun the call's transaction
+        result = await Approvals(s, runtime.config, intake=runtime.intake).request_approval(
+            _call(60_000, "own"), _gate(runtime)
+        )
+        assert result.decision is Decision.PENDING
+        # Visible in the call's own transaction before it commits.
+        found = (
+            await s.exec(select(ConfirmationRequest).where(col(ConfirmationRequest.id) == result.request_id))
+        ).one()
+        assert found.tool_name == "pay_invoice"
+    assert batches == [1]
+    assert await _count(runtime, ConfirmationRequest) == 1
