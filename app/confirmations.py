@@ -103,33 +103,39 @@ def _observe(status: Status, now: datetime, created_at: datetime) -> None:
     DECISION_SECONDS.labels(status.value).observe(max(0.0, (now - created_at).total_seconds()))
 
 
-async def _mark_decided(session: AsyncSession, request_ids: Sequence[str]) -> None:
+async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, notified: bool = False) -> None:
     """Wake waiters once this transaction commits: in this process, and on PostgreSQL in every
-    process listening (NOTIFY is delivered at commit, and never if the transaction rolls back)."""
+    process listening (NOTIFY is delivered at commit, and never if the transaction rolls back).
+    ``notified``: the NOTIFY was already sent (within the deciding statement)."""
     if not request_ids:
         return
     session.sync_session.info.setdefault(DECIDED_KEY, set()).update(request_ids)
-    if session.sync_session.get_bind().dialect.name == "postgresql":
+    if not notified and _on_postgres(session):
         for i in range(0, len(request_ids), NOTIFY_BATCH):
             payload = ",".join(request_ids[i : i + NOTIFY_BATCH])
             await session.exec(select(sa.func.pg_notify(NOTIFY_CHANNEL, payload)))
+
+
+def _on_postgres(session: AsyncSession) -> bool:
+    return session.sync_session.get_bind().dialect.name == "postgresql"
 
 
 async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
     """Owe the channel a redraw of the request's card (one queued redraw is enough)."""
     if channel == WEB_CHANNEL:
         return
-    # Only the request's own few deliveries, by the request_id index (with the other
-    # conditions in SQL, SQLite's planner prefers the status index and scans every
-    # pending delivery), then the rest in Python.
+    # Only the request's own few updates, by the request_id index (with the status in SQL,
+    # SQLite's planner prefers the status index and scans every pending delivery), locked:
+    # a dispatcher claiming one of them waits for this transaction, so it draws the card
+    # as this transaction leaves it.
     rows = await session.exec(
-        select(Delivery.channel, Delivery.kind, Delivery.status, Delivery.leased_until).where(
-            col(Delivery.request_id) == request_id
-        )
+        select(Delivery.channel, Delivery.status, Delivery.leased_until)
+        .where(col(Delivery.request_id) == request_id, col(Delivery.kind) == "update")
+        .with_for_update()
     )
     queued = any(
-        ch == channel and kind == "update" and status == OutboxStatus.PENDING and leased is None
-        for ch, kind, status, leased in rows.all()
+        ch == channel and status == OutboxStatus.PENDING and leased is None
+        for ch, status, leased in rows.all()
     )
     if not queued:
         delivery = Delivery(request_id=request_id, channel=channel, kind="update")
@@ -145,14 +151,18 @@ async def transition(
     actor: Actor,
     reason: str | None = None,
     now: datetime | None = None,
+    along: Sequence[audit.Entry] = (),
 ) -> bool:
     """Move a request to ``target`` if the table allows it from its current status.
 
     Returns False when another writer got there first (the request is no longer
-    in a status that allows ``target``); nothing is written then.
+    in a status that allows ``target``); nothing is written then but the audit
+    events ``along`` (a vote, say), which are otherwise appended just before the
+    transition's own, in the same statements.
     """
     now = now or utcnow()
-    result = await session.exec(
+    postgres = _on_postgres(session)
+    stmt = (
         sa.update(ConfirmationRequest)
         .where(
             col(ConfirmationRequest.id) == request_id, col(ConfirmationRequest.status).in_(_sources(target))
@@ -168,13 +178,21 @@ async def transition(
         .returning(col(ConfirmationRequest.channel), col(ConfirmationRequest.created_at))
         .execution_options(synchronize_session=False)
     )
-    row = result.first()
+    if postgres:
+        # NOTIFY from the deciding statement itself: one round trip fewer, still sent only
+        # at commit, and only for a row the statement changed.
+        stmt = stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, col(ConfirmationRequest.id)))
+    row = (await session.exec(stmt)).first()
     if row is None:
+        await audit.append_many(session, along)
         return False
     _observe(target, now, row[1])
-    await audit.append(session, target.value, actor=actor, request_id=request_id, detail={"reason": reason})
     await _queue_update(session, request_id, row[0])
-    await _mark_decided(session, [request_id])
+    await _mark_decided(session, [request_id], notified=postgres)
+    # The audit events last: on PostgreSQL the head row stays locked until commit.
+    await audit.append_many(
+        session, [*along, audit.Entry(target.value, actor, request_id, {"reason": reason})]
+    )
     return True
 
 
@@ -347,28 +365,39 @@ async def cast_vote(
     )
     if not await _insert_unless_taken(session, _VOTES, ("request_id", "voter"), _row(vote, skip=("id",))):
         return await refuse("You have already voted on this request.")
-    await audit.append(session, "vote", actor=voter.actor, request_id=request_id, detail=detail)
+    voted = [audit.Entry("vote", voter.actor, request_id, detail)]
 
     decided_by = voter.actor
     if verdict is Verdict.REJECT:
-        won = await transition(session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now)
+        won = await transition(
+            session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now, along=voted
+        )
         await _settle(session, req, won, Status.REJECTED, decided_by, reason, now)
         return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
 
-    approvals = (
-        await session.exec(
-            select(sa.func.count())
-            .select_from(Vote)
-            .where(col(Vote.request_id) == request_id, col(Vote.verdict) == "approve")
-        )
-    ).one()
     quorum = int(req.gate.get("quorum", 1))
+    # With a quorum of one, this vote is the approval (the request was pending, under lock).
+    approvals = 1 if quorum == 1 else await _approvals(session, request_id)
     if approvals >= quorum:
-        won = await transition(session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now)
+        won = await transition(
+            session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
+        )
         await _settle(session, req, won, Status.APPROVED, decided_by, reason, now)
         return VoteResult(True, f"Approved by {decided_by.name or decided_by.id}.", req, decided=True)
     await _queue_update(session, request_id, req.channel)
+    await audit.append_many(session, voted)
     return VoteResult(True, f"Approval recorded ({approvals} of {quorum}).", req)
+
+
+async def _approvals(session: AsyncSession, request_id: str) -> int:
+    count = select(sa.func.count()).select_from(Vote)
+    return int(
+        (
+            await session.exec(
+                count.where(col(Vote.request_id) == request_id, col(Vote.verdict) == "approve")
+            )
+        ).one()
+    )
 
 
 # --- cards -------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
+import os
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
@@ -56,8 +56,8 @@ class RequestId:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers", ())).get(b"x-request-id", b"").decode("latin-1")
-        rid = given if 0 < len(given) <= 128 and given.isprintable() else uuid.uuid4().hex[:16]
+        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"").decode("latin-1")
+        rid = given if 0 < len(given) <= 128 and given.isprintable() else os.urandom(8).hex()
         token = request_id.set(rid)
 
         async def send_with_id(message: Message) -> None:

@@ -54,10 +54,20 @@ class BodyLimit:
             # Shaped like FastAPI's own validation errors, as the schema documents 422.
             await _answer(send, 422, _NUL_IN_URL)
             return
+        declared = None
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._too_large(send)
-                return
+            if name == b"content-length" and value.isdigit():
+                declared = int(value)
+            elif name == b"transfer-encoding":
+                declared = -1  # chunked: count what arrives
+                break
+        if declared is not None and declared > self.limit:
+            await self._too_large(send)
+            return
+        if declared is not None and declared >= 0:
+            # The server reads no more than the declared length: nothing left to count.
+            await self.app(scope, receive, send)
+            return
         seen = 0
         started = False
 
@@ -201,5 +211,6 @@ def create_app(
         app.add_exception_handler(kind, database_unavailable)
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(agent.PreToolUseFastPath, limit=settings.max_body_bytes)
     app.add_middleware(RequestId)
     return app

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any
+from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ToolFilter"]
 
@@ -22,13 +22,13 @@ class ToolFilter(BaseModel):
     priority: int = 100
     """Lower runs earlier."""
 
-    _patterns: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
-
-    def model_post_init(self, __context: Any) -> None:
-        self._patterns = tuple(re.compile(fnmatch.translate(t)) for t in self.tools)
+    @cached_property
+    def _pattern(self) -> re.Pattern[str]:
+        """The globs as one regular expression (a plain attribute once computed)."""
+        return re.compile("|".join(f"(?:{fnmatch.translate(t)})" for t in self.tools))
 
     def matches_tool(self, tool_name: str) -> bool:
-        return any(p.match(tool_name) for p in self._patterns)
+        return self._pattern.match(tool_name) is not None
 
     @property
     def label(self) -> str:

@@ -11,11 +11,13 @@ decides rather than the call slipping through.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import timedelta
+from functools import cached_property
 from typing import Any, Literal
 
 import cel
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hooks._contract import HookContext, HookResult
 from hooks._filter import ToolFilter
@@ -42,6 +44,16 @@ def parse_duration(value: str | int | float | timedelta) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+_VARIABLES: dict[str, Callable[[HookContext], Any]] = {
+    "args": lambda ctx: dict(ctx.arguments),
+    "tool": lambda ctx: ctx.tool_name,
+    "agent": lambda ctx: ctx.agent_id,
+    "user": lambda ctx: ctx.user_id or "",
+    "metadata": lambda ctx: dict(ctx.metadata),
+}
+"""What a ``when`` condition can read, and how each is taken from the call."""
+
+
 class ConfirmationGate(ToolFilter):
     """``type: confirmation_gate`` in an agent's ``hooks`` list."""
 
@@ -58,8 +70,6 @@ class ConfirmationGate(ToolFilter):
     allow_self_approval: bool = False
     require_reject_reason: bool = False
     priority: int = 100
-
-    _program: Any = PrivateAttr(default=None)
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -85,28 +95,26 @@ class ConfirmationGate(ToolFilter):
             )
         return self
 
-    def model_post_init(self, __context: Any) -> None:
-        super().model_post_init(__context)
-        self._program = cel.compile(self.when) if self.when else None
+    @cached_property
+    def _condition(self) -> tuple[Any, tuple[str, ...]] | None:
+        """The compiled ``when`` and the variables it reads (a plain attribute once computed)."""
+        if self.when is None:
+            return None
+        program = cel.compile(self.when)
+        return program, tuple(v for v in program.variables() if v in _VARIABLES)
 
     def matches(self, ctx: HookContext) -> bool:
         if not self.matches_tool(ctx.tool_name):
             return False
-        if self._program is None:
+        condition = self._condition
+        if condition is None:
             return True
+        program, variables = condition
         try:
+            # Only the variables the condition reads (each one converted costs time).
+            values = {name: _VARIABLES[name](ctx) for name in variables}
             # Only a definite `false` lets the call pass; any other value sends it to a human.
-            return (
-                self._program.execute(
-                    {
-                        "args": dict(ctx.arguments),
-                        "tool": ctx.tool_name,
-                        "agent": ctx.agent_id,
-                        "user": ctx.user_id or "",
-                        "metadata": dict(ctx.metadata),
-                    }
-                )
-            ) is not False
+            return program.execute(values) is not False
         except Exception:
             # Fail closed: an unevaluable condition sends the call to a human.
             return True

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
-from fastapi.routing import APIRoute
-from fastapi.security.utils import get_authorization_scheme_param
+from prometheus_client import Counter
 from pydantic import ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.audit import Actor
 from app.confirmations import TERMINAL, get_request, transition, votes_for
@@ -98,6 +99,7 @@ def _check_limits(runtime: Runtime, body: PreToolUseIn | PostToolUseIn, raw: byt
             )
 
 
+@router.post("/hooks/pre-tool-use", response_model=DecisionOut, responses=ERRORS)
 async def run_pre_tool_use(
     body: PreToolUseIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
 ) -> DecisionOut:
@@ -105,57 +107,105 @@ async def run_pre_tool_use(
     return await _pre_tool_use(body, agent, runtime, session)
 
 
-async def _fast_pre_tool_use(request: Request) -> Response | None:
-    """The common case of ``run_pre_tool_use`` without FastAPI's per-request dependency solving.
+PRE_TOOL_USE = "/v1/hooks/pre-tool-use"
 
-    A JSON body that validates and a live key: run the hooks in a transaction that
-    commits before the answer, and serialise the answer as the response model would.
-    Anything else (a missing or unknown key, a body that does not validate, another
-    content type) returns None and takes the standard path, which reads the same
-    cached body and produces the standard errors.
+
+class PreToolUseFastPath:
+    """ASGI middleware that answers the common case of ``run_pre_tool_use`` — every gated
+    tool call of every agent — ahead of FastAPI's routing and dependency solving.
+
+    The common case: a JSON body of a declared length within ``limit``, a live key, and a
+    body that validates. The hooks run in a transaction that commits before the answer,
+    which is serialised as the response model would be; errors are answered by the app's
+    own exception handlers. Anything else goes on to the standard route (with the body,
+    if it was read), which gives the standard answers and errors.
     """
-    headers = request.headers
-    if headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
-        return None
-    scheme, token = get_authorization_scheme_param(headers.get("authorization"))
-    if scheme.lower() != "bearer" or not token:
-        return None
-    runtime: Runtime = request.app.state.runtime
-    agent = await authenticate_cached(runtime.reads, runtime.settings.database_url, token)
-    if agent is None:
-        return None
-    raw = await request.body()
-    try:
-        body = PreToolUseIn.model_validate_json(raw)
-    except ValidationError:
-        return None
-    # The same transaction rule as SessionDep: commit before answering, roll back on any error.
-    async with transaction(runtime.sessions) as session:
-        out = await _pre_tool_use(body, agent, runtime, session, raw=raw)
-    return Response(out.model_dump_json(), media_type="application/json")
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != PRE_TOOL_USE
+            or scope["method"] != "POST"
+            or scope["query_string"]
+        ):
+            await self.app(scope, receive, send)
+            return
+        content_type = authorization = length = b""
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value
+            elif name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                length = b""
+                break
+        scheme, _, token = authorization.decode("latin-1").partition(" ")
+        if (
+            content_type.partition(b";")[0].strip().lower() != b"application/json"
+            or not length.isdigit()
+            or int(length) > self.limit
+            or scheme.lower() != "bearer"
+            or not token
+        ):
+            await self.app(scope, receive, send)
+            return
+        runtime: Runtime = scope["app"].state.runtime
+        try:
+            agent = await authenticate_cached(runtime.reads, runtime.settings.database_url, token)
+        except Exception as exc:
+            await (await _handled(scope, exc))(scope, receive, send)
+            return
+        if agent is None:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the agent hung up
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(chunks)
+        try:
+            body = PreToolUseIn.model_validate_json(raw)
+        except ValidationError:
+            await self.app(scope, _replay(raw, receive), send)
+            return
+        try:
+            # The same transaction rule as SessionDep: commit before answering, roll back on any error.
+            async with transaction(runtime.sessions) as session:
+                out = await _pre_tool_use(body, agent, runtime, session, raw=raw)
+            response: Response = Response(out.model_dump_json(), media_type="application/json")
+        except Exception as exc:
+            response = await _handled(scope, exc)
+        await response(scope, receive, send)
 
 
-class _PreToolUseRoute(APIRoute):
-    """The pre-tool-use route: the fast path first, the standard handler when it declines."""
+def _replay(raw: bytes, receive: Receive) -> Receive:
+    """``receive`` for the standard route, starting with the body already read."""
+    pending = [{"type": "http.request", "body": raw, "more_body": False}]
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        standard = super().get_route_handler()
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
 
-        async def handler(request: Request) -> Response:
-            fast = await _fast_pre_tool_use(request)
-            return fast if fast is not None else await standard(request)
-
-        return handler
+    return replay
 
 
-router.add_api_route(
-    "/hooks/pre-tool-use",
-    run_pre_tool_use,
-    methods=["POST"],
-    response_model=DecisionOut,
-    responses=ERRORS,
-    route_class_override=_PreToolUseRoute,
-)
+async def _handled(scope: Scope, exc: Exception) -> Response:
+    """The app's own answer to ``exc`` (its exception handlers), or ``exc`` raised again."""
+    handlers = scope["app"].exception_handlers
+    for kind in type(exc).__mro__:
+        if kind in handlers:
+            answer = handlers[kind](Request(scope), exc)
+            return cast(Response, await answer if inspect.isawaitable(answer) else answer)
+    raise exc
 
 
 async def _pre_tool_use(
@@ -180,7 +230,7 @@ async def _pre_tool_use(
     result = await registry.run_pre_tool_use(ctx)
     made = services.approvals.request
     gate_name = str(made.gate.get("name", "")) if made is not None else ""
-    GATE_CALLS.labels("pre_tool_use", agent, gate_name, result.decision.value).inc()
+    _gate_calls("pre_tool_use", agent, gate_name, result.decision.value).inc()
     request = None
     if made is not None and result.request_id == made.id:
         # A request made by this call has no votes yet.
@@ -193,6 +243,12 @@ async def _pre_tool_use(
         request=request,
         modified_arguments=dict(result.modified_arguments) if result.modified_arguments is not None else None,
     )
+
+
+@functools.cache
+def _gate_calls(point: str, agent: str, gate: str, decision: str) -> Counter:
+    """The counter for one label set, looked up once (agents and gates come from the config)."""
+    return GATE_CALLS.labels(point, agent, gate, decision)
 
 
 def _not_configured(agent: str) -> str:
@@ -220,7 +276,7 @@ async def run_post_tool_use(
         services=ServerHookServices(session, runtime, agent),
     )
     result = await registry.run_post_tool_use(ctx)
-    GATE_CALLS.labels("post_tool_use", agent, "", result.decision.value).inc()
+    _gate_calls("post_tool_use", agent, "", result.decision.value).inc()
     modified = result.modified_result is not None
     return PostToolUseOut(
         decision="deny" if result.decision is Decision.DENY else "allow",
@@ -247,7 +303,7 @@ async def run_session_start(
         services=ServerHookServices(session, runtime, agent),
     )
     result = await registry.run_session_start(ctx)
-    GATE_CALLS.labels("session_start", agent, "", result.decision.value).inc()
+    _gate_calls("session_start", agent, "", result.decision.value).inc()
     return SessionStartOut(
         decision="deny" if result.decision is Decision.DENY else "allow",
         reason=result.reason,
