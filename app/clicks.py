@@ -17,8 +17,15 @@ __all__ = ["ClickService"]
 
 
 class ClickService:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], config: SignoffConfig) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        config: SignoffConfig,
+        *,
+        reads: async_sessionmaker[AsyncSession] | None = None,
+    ) -> None:
         self._sessions = sessions
+        self._reads = reads or sessions
         self._config = config
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
@@ -44,10 +51,13 @@ class ClickService:
                 config=self._config,
                 reason=click.reason,
             )
-            if result is None:
-                return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))
-            card = build_card(result.request, await votes_for(session, result.request.id), self._config, kind)
-            return ClickOutcome(result.accepted, result.message, card)
+        if result is None:
+            return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))
+        # The card as committed, read after the write transaction has let go.
+        async with self._reads() as session:
+            votes = await votes_for(session, result.request.id)
+        card = build_card(result.request, votes, self._config, kind)
+        return ClickOutcome(result.accepted, result.message, card)
 
     async def enrich_identity(
         self, channel: str, user_id: str, *, name: str | None, email: str | None

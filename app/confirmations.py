@@ -9,6 +9,7 @@ in the same transaction. Nothing here commits: the caller owns the transaction.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -63,6 +64,14 @@ REDACTED = "[redacted]"
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
 _DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
 _INSERT_DELIVERY = sa.insert(_DELIVERIES)
+_GET = select(ConfirmationRequest).where(col(ConfirmationRequest.id) == sa.bindparam("request_id"))
+_GET_FOR_UPDATE = _GET.with_for_update()
+_VOTES_OF = select(Vote).where(col(Vote.request_id) == sa.bindparam("request_id")).order_by(col(Vote.id))
+_QUEUED_UPDATES = (
+    select(_DELIVERIES.c.channel, _DELIVERIES.c.status, _DELIVERIES.c.leased_until)
+    .where(_DELIVERIES.c.request_id == sa.bindparam("request_id"), _DELIVERIES.c.kind == "update")
+    .with_for_update()
+)
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
 _INSERTS: dict[tuple[str, str], Any] = {}
 """INSERT … ON CONFLICT DO NOTHING statements, built once per dialect and table."""
@@ -92,10 +101,8 @@ def redact(value: Any, words: frozenset[str]) -> Any:
 async def get_request(
     session: AsyncSession, request_id: str, *, for_update: bool = False
 ) -> ConfirmationRequest | None:
-    stmt = select(ConfirmationRequest).where(col(ConfirmationRequest.id) == request_id)
-    if for_update:
-        stmt = stmt.with_for_update()
-    return (await session.exec(stmt)).one_or_none()
+    stmt = _GET_FOR_UPDATE if for_update else _GET
+    return (await session.exec(stmt, params={"request_id": request_id})).one_or_none()
 
 
 def _observe(status: Status, now: datetime, created_at: datetime) -> None:
@@ -128,11 +135,7 @@ async def _queue_update(session: AsyncSession, request_id: str, channel: str) ->
     # SQLite's planner prefers the status index and scans every pending delivery), locked:
     # a dispatcher claiming one of them waits for this transaction, so it draws the card
     # as this transaction leaves it.
-    rows = await session.exec(
-        select(Delivery.channel, Delivery.status, Delivery.leased_until)
-        .where(col(Delivery.request_id) == request_id, col(Delivery.kind) == "update")
-        .with_for_update()
-    )
+    rows = await session.exec(_QUEUED_UPDATES, params={"request_id": request_id})
     queued = any(
         ch == channel and status == OutboxStatus.PENDING and leased is None
         for ch, status, leased in rows.all()
@@ -141,6 +144,30 @@ async def _queue_update(session: AsyncSession, request_id: str, channel: str) ->
         delivery = Delivery(request_id=request_id, channel=channel, kind="update")
         await session.exec(_INSERT_DELIVERY, params=_row(delivery, skip=("id",)))
         session.sync_session.info[OUTBOX_KEY] = True
+
+
+@functools.cache
+def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
+    """The conditional UPDATE moving a request to ``target``, built once (Core, with binds).
+
+    ``notify`` (PostgreSQL): the statement sends the NOTIFY itself, one round trip
+    fewer, still only at commit and only for a row it changed.
+    """
+    r = _REQUESTS.c
+    stmt = (
+        sa.update(_REQUESTS)
+        .where(r.id == sa.bindparam("request_id"), r.status.in_(_sources(target)))
+        .values(
+            status=target.value,
+            reason=sa.bindparam("new_reason"),
+            decided_at=sa.bindparam("new_decided_at"),
+            decided_by_channel=sa.bindparam("new_channel"),
+            decided_by_user_id=sa.bindparam("new_user_id"),
+            decided_by_name=sa.bindparam("new_name"),
+        )
+        .returning(r.channel, r.created_at)
+    )
+    return stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, r.id)) if notify else stmt
 
 
 async def transition(
@@ -162,27 +189,16 @@ async def transition(
     """
     now = now or utcnow()
     postgres = _on_postgres(session)
-    stmt = (
-        sa.update(ConfirmationRequest)
-        .where(
-            col(ConfirmationRequest.id) == request_id, col(ConfirmationRequest.status).in_(_sources(target))
-        )
-        .values(
-            status=target.value,
-            reason=reason,
-            decided_at=now,
-            decided_by_channel=actor.channel,
-            decided_by_user_id=actor.id,
-            decided_by_name=actor.name,
-        )
-        .returning(col(ConfirmationRequest.channel), col(ConfirmationRequest.created_at))
-        .execution_options(synchronize_session=False)
-    )
-    if postgres:
-        # NOTIFY from the deciding statement itself: one round trip fewer, still sent only
-        # at commit, and only for a row the statement changed.
-        stmt = stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, col(ConfirmationRequest.id)))
-    row = (await session.exec(stmt)).first()
+    params = {
+        "request_id": request_id,
+        "new_reason": reason,
+        "new_decided_at": now,
+        "new_channel": actor.channel,
+        "new_user_id": actor.id,
+        "new_name": actor.name,
+    }
+    stmt = _transition_statement(target, notify=postgres)
+    row = (await session.exec(stmt, params=params)).first()
     if row is None:
         await audit.append_many(session, along)
         return False
@@ -404,11 +420,7 @@ async def _approvals(session: AsyncSession, request_id: str) -> int:
 
 
 async def votes_for(session: AsyncSession, request_id: str) -> list[Vote]:
-    return list(
-        (
-            await session.exec(select(Vote).where(col(Vote.request_id) == request_id).order_by(col(Vote.id)))
-        ).all()
-    )
+    return list((await session.exec(_VOTES_OF, params={"request_id": request_id})).all())
 
 
 def build_card(

@@ -42,6 +42,10 @@ def backoff(attempts: int, retry_after: float | None = None) -> float:
     return float(max(delay, retry_after or 0.0))
 
 
+WAKE_DELAY = 0.01
+"""Seconds the dispatcher lets pass after a commit wakes it (more deliveries join the pass)."""
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -76,7 +80,10 @@ class Dispatcher:
                 try:
                     await asyncio.wait_for(self._wake.wait(), self._poll)
                 except TimeoutError:
-                    pass
+                    continue
+                # Woken by a commit: the agents waiting on that decision go first (their
+                # answers are due now; a card redrawn a moment later looks the same).
+                await asyncio.sleep(WAKE_DELAY)
 
     async def run_once(self, *, now: datetime | None = None) -> int:
         """Claim and deliver what is due now; returns how many rows were handled."""

@@ -82,7 +82,13 @@ class Runtime:
         sessions = async_sessionmaker(
             engine, class_=AsyncSession, expire_on_commit=False, sync_session_class=_session_class(hub)
         )
-        reads = sessions
+        # PostgreSQL: reads in autocommit, as READ COMMITTED gives each statement its own
+        # snapshot anyway, without the BEGIN and ROLLBACK round trips.
+        reads = async_sessionmaker(
+            engine.execution_options(isolation_level="AUTOCOMMIT"),
+            class_=AsyncSession,
+            expire_on_commit=False,
+        )
         if is_sqlite(settings.database_url):
             reads = async_sessionmaker(
                 create_engine(settings.database_url, readonly=True),
@@ -103,7 +109,7 @@ class Runtime:
 
     @property
     def clicks(self) -> ClickService:
-        return ClickService(self.sessions, self.config)
+        return ClickService(self.sessions, self.config, reads=self.reads)
 
     async def recently_decided(self, since: Any) -> list[tuple[str, Any]]:
         async with self.reads() as session:
