@@ -147,17 +147,13 @@ class BrokenLink:
     problem: str
 
 
-async def _events(session: AsyncSession, batch: int = 1000) -> AsyncIterator[AuditEvent]:
+async def _events(session: AsyncSession, upto: int | None, batch: int = 1000) -> AsyncIterator[AuditEvent]:
     last = 0
     while True:
-        rows = (
-            await session.exec(
-                select(AuditEvent)
-                .where(col(AuditEvent.seq) > last)
-                .order_by(col(AuditEvent.seq))
-                .limit(batch)
-            )
-        ).all()
+        stmt = select(AuditEvent).where(col(AuditEvent.seq) > last)
+        if upto is not None:
+            stmt = stmt.where(col(AuditEvent.seq) <= upto)
+        rows = (await session.exec(stmt.order_by(col(AuditEvent.seq)).limit(batch))).all()
         if not rows:
             return
         for row in rows:
@@ -166,9 +162,14 @@ async def _events(session: AsyncSession, batch: int = 1000) -> AsyncIterator[Aud
 
 
 async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
-    """Walk the chain from the start; return the events checked and the first broken link."""
+    """Walk the chain from the start; return the events checked and the first broken link.
+
+    The walk stops at the head as read first, so events appended meanwhile (by
+    transactions that committed after it) are left for the next check.
+    """
+    head = (await session.exec(select(AuditHead).where(col(AuditHead.id) == 1))).one_or_none()
     prev, expected_seq, count = GENESIS, 1, 0
-    async for ev in _events(session):
+    async for ev in _events(session, head.seq if head is not None else None):
         if ev.seq != expected_seq:
             return count, BrokenLink(ev.seq, f"event {expected_seq} is missing (next is {ev.seq})")
         if ev.prev_hash != prev:
@@ -185,7 +186,6 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
         if actual != ev.hash:
             return count, BrokenLink(ev.seq, "the event's contents do not match its hash (edited)")
         prev, expected_seq, count = ev.hash, ev.seq + 1, count + 1
-    head = (await session.exec(select(AuditHead).where(col(AuditHead.id) == 1))).one_or_none()
     if head is not None and head.seq != count:
         return count, BrokenLink(count + 1, f"the head says {head.seq} events but {count} exist (deleted)")
     return count, None

@@ -29,6 +29,7 @@ from app.metrics import DECISION_SECONDS, DECISIONS
 from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
 from channels import Card, Person, Verdict
 from hooks import Decision, HookResult
+from hooks._gate import describe_request
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -461,21 +462,23 @@ def build_card(
 
 
 def decision_for(req: ConfirmationRequest) -> HookResult:
-    """The hook answer for an existing request (used for idempotent replays)."""
+    """The hook answer for an existing request (an idempotent replay), in the words the
+    client library uses for a decision it waited for."""
     if req.status == Status.PENDING:
         return HookResult(
             decision=Decision.PENDING, reason=f"waiting for approval (request {req.id})", request_id=req.id
         )
+    decided_by = (
+        {"channel": req.decided_by_channel, "user_id": req.decided_by_user_id, "name": req.decided_by_name}
+        if req.decided_by_channel
+        else None
+    )
+    text = describe_request(
+        {"id": req.id, "status": Status(req.status).value, "reason": req.reason, "decided_by": decided_by}
+    )
     if req.status == Status.APPROVED:
-        return HookResult(decision=Decision.ALLOW, reason=req.reason or "approved", request_id=req.id)
-    why = {
-        Status.REJECTED: "rejected",
-        Status.EXPIRED: "no decision before the deadline",
-        Status.CANCELLED: "cancelled",
-    }[Status(req.status)]
-    who = req.decided_by_name or req.decided_by_user_id
-    text = f"{why} by {who}" if who and req.decided_by_channel not in ("system", None) else why
-    return HookResult.deny(f"{text}: {req.reason}" if req.reason else text, request_id=req.id)
+        return HookResult(decision=Decision.ALLOW, reason=text, request_id=req.id)
+    return HookResult.deny(text, request_id=req.id)
 
 
 def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:

@@ -35,6 +35,15 @@ async def get_session(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
 # scope="function": commit before the response is sent, so a client never sees
 # an answer whose transaction could still fail.
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
+
+
+async def get_reads(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
+    async with runtime.reads() as session:
+        yield session
+
+
+ReadsDep = Annotated[AsyncSession, Depends(get_reads, scope="function")]
+"""A session for reading only (on SQLite it never queues behind writers)."""
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 

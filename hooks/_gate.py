@@ -60,6 +60,8 @@ SUBMIT_TIMEOUT = 30.0
 """Seconds to wait for the answer to one ``pre-tool-use`` POST."""
 WAIT_MARGIN = 10.0
 """Extra seconds of read timeout beyond the server-side long-poll time."""
+WAIT_SLACK = 0.5
+"""Seconds (at most half of what is left) kept for a last long-poll's answer to travel."""
 CANCEL_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 5.0
 _FAST_PENDING = 1.0
@@ -564,13 +566,16 @@ def gate_flow(
         remaining = end - clock()
         if remaining <= 0:
             break
-        server_wait = max(1, min(int(settings.poll_timeout), MAX_POLL_TIMEOUT, int(remaining)))
+        # Near the deadline the server is asked to answer early enough for the answer to
+        # arrive in time (rather than the read timing out on a poll that outlives it).
+        budget = remaining - min(WAIT_SLACK, remaining / 2)
+        server_wait = min(float(settings.poll_timeout), float(MAX_POLL_TIMEOUT), budget)
         started = clock()
         reply = yield HttpCall(
             "GET",
             wait_path(request_id),
             min(server_wait + WAIT_MARGIN, remaining),
-            params={"timeout": str(server_wait)},
+            params={"timeout": f"{server_wait:g}" if server_wait >= 1 else f"{server_wait:.3f}"},
         )
         assert reply is not None
         wait_verdict = interpret_request(reply, request_id=request_id, modified_arguments=modified)

@@ -61,6 +61,7 @@ def install(app: FastAPI, settings: Settings) -> None:
             "process, so sign-ins end when it restarts and do not carry over to other replicas"
         )
     app.state.console_keys = Keys(secret, max_age=settings.session_max_age_seconds)
+    app.state.sign_in_limiter = auth.SignInLimiter()
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.add_exception_handler(SignInRequired, _sign_in_required)

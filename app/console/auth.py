@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 from itsdangerous import BadSignature, URLSafeSerializer, URLSafeTimedSerializer
+from limits import RateLimitItem, parse
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import Response
@@ -38,6 +42,7 @@ __all__ = [
     "CsrfRefused",
     "Flash",
     "Keys",
+    "SignInLimiter",
     "SignInRequired",
     "SignedIn",
     "SignedInDep",
@@ -145,6 +150,48 @@ class SignInRequired(Exception):
 
 class CsrfRefused(Exception):
     """A form came without the CSRF token of the session it was sent with."""
+
+
+SIGN_IN_FAILURES = parse("5/15minutes")
+"""Failed sign-ins allowed per client address, and per operator name, in a moving window."""
+
+
+class SignInLimiter:
+    """Failed console sign-ins, counted per client address and per operator name.
+
+    Past :data:`SIGN_IN_FAILURES`, sign-ins from that address or as that operator are
+    refused without checking the password until the oldest failure leaves the window.
+    Counted in memory by each process (each replica counts its own).
+    """
+
+    def __init__(self, limit: RateLimitItem = SIGN_IN_FAILURES) -> None:
+        self._limit = limit
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+
+    @staticmethod
+    def _keys(address: str, name: str) -> list[tuple[str, str]]:
+        return [("address", address), *([("operator", name)] if name else [])]
+
+    def retry_after(self, address: str, name: str) -> int:
+        """Seconds until a sign-in from ``address`` as ``name`` may be tried (0: now)."""
+        for key in self._keys(address, name):
+            if not self._limiter.test(self._limit, *key):
+                reset = self._limiter.get_window_stats(self._limit, *key).reset_time
+                return max(1, math.ceil(reset - time.time()))
+        return 0
+
+    def failed(self, address: str, name: str) -> None:
+        for key in self._keys(address, name):
+            self._limiter.hit(self._limit, *key)
+
+    def succeeded(self, address: str, name: str) -> None:
+        for key in self._keys(address, name):
+            self._limiter.clear(self._limit, *key)
+
+
+def limiter_of(request: Request) -> SignInLimiter:
+    limiter: SignInLimiter = request.app.state.sign_in_limiter
+    return limiter
 
 
 def keys_of(request: Request) -> Keys:

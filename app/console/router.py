@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import math
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from sqlmodel import col, select
-from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.audit import Actor
 from app.console import auth, pages
@@ -19,7 +18,7 @@ from app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash,
 from app.console.decisions import decide_from_form
 from app.console.history import csv_lines, history_view, jsonl_lines, parse_history
 from app.console.render import page, secured
-from app.deps import RuntimeDep, SessionDep
+from app.deps import ReadsDep, RuntimeDep, SessionDep
 from app.hook_services import set_switch
 from app.models import Status, Switch, utcnow
 
@@ -41,15 +40,6 @@ AUDIT_ACTIONS = [
     "key_created",
     "key_revoked",
 ]
-
-
-async def read_session(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
-    """A session for reading only (on SQLite it never waits behind writers)."""
-    async with runtime.reads() as session:
-        yield session
-
-
-ReadDep = Annotated[AsyncSession, Depends(read_session)]
 
 
 def _see_other(url: str) -> Response:
@@ -125,15 +115,27 @@ async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
     name, password = form.get("username"), form.get("password")
     next_url = auth.safe_next(form.get("next"))
     name = name.strip() if isinstance(name, str) else ""
+    address = request.client.host if request.client else "?"
+    limiter = auth.limiter_of(request)
+    if wait := limiter.retry_after(address, name):
+        log.warning("console: sign-in as %r from %s refused: too many failures", name[:200], address)
+        response = _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=next_url,
+            error=f"Too many failed sign-ins. Try again in {_duration(wait)}.",
+            username=name,
+            status_code=429,
+        )
+        response.headers["Retry-After"] = str(wait)
+        return response
     operator = None
     if name and isinstance(password, str) and password:
         operator = await auth.authenticate(runtime.config, name, password)
     if operator is None:
-        log.warning(
-            "console: failed sign-in as %r from %s",
-            name[:200],
-            request.client.host if request.client else "?",
-        )
+        limiter.failed(address, name)
+        log.warning("console: failed sign-in as %r from %s", name[:200], address)
         return _login_page(
             request,
             runtime,
@@ -143,11 +145,17 @@ async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
             username=name,
             status_code=401,
         )
+    limiter.succeeded(address, name)
     log.info("console: %s signed in", name)
     session = ConsoleSession.start(keys.max_age, operator=name, fingerprint=auth.fingerprint(operator))
     response = _see_other(next_url)
     auth.set_session(response, request, session)
     return response
+
+
+def _duration(seconds: int) -> str:
+    minutes = math.ceil(seconds / 60)
+    return f"{seconds} seconds" if seconds < 60 else f"{minutes} minute{'s' if minutes > 1 else ''}"
 
 
 @router.post("/logout")
@@ -166,14 +174,14 @@ async def console_root() -> Response:
 
 
 @router.get("/")
-async def show_queue(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep) -> Response:
+async def show_queue(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep) -> Response:
     view = await pages.queue_view(session, runtime.config, utcnow())
     return page(request, "queue.html", {"who": who, "nav": "queue", "view": view, "version": view.version})
 
 
 @router.get("/queue/rows")
 async def queue_rows(
-    request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep, v: str = ""
+    request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep, v: str = ""
 ) -> Response:
     """The queue's table for the page's poll: 204 (nothing to swap) while it is unchanged."""
     view = await pages.queue_view(session, runtime.config, utcnow())
@@ -187,7 +195,7 @@ async def queue_rows(
 
 @router.get("/requests/{request_id}")
 async def show_request(
-    request_id: str, request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep
+    request_id: str, request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep
 ) -> Response:
     view = await pages.request_view(session, runtime.config, request_id, person=who.person, now=utcnow())
     if view is None:
@@ -205,7 +213,7 @@ async def request_live(
     request: Request,
     who: SignedInDep,
     runtime: RuntimeDep,
-    session: ReadDep,
+    session: ReadsDep,
     seen: str = "",
     v: str = "",
 ) -> Response:
@@ -239,7 +247,9 @@ async def decide_request(
 
 
 @router.get("/history")
-async def show_history(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep) -> Response:
+async def show_history(
+    request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep
+) -> Response:
     q = parse_history(request.query_params)
     view = await history_view(session, runtime.config, q)
     return page(
@@ -290,7 +300,7 @@ async def export_jsonl(request: Request, who: SignedInDep, runtime: RuntimeDep) 
 async def show_audit(
     request: Request,
     who: SignedInDep,
-    session: ReadDep,
+    session: ReadsDep,
     before: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
     action: Annotated[str, Query(max_length=64)] = "",
     request_id: Annotated[str, Query(alias="request", max_length=64)] = "",
@@ -317,7 +327,7 @@ async def show_audit(
 
 
 @router.get("/audit/verify")
-async def verify_audit(request: Request, who: SignedInDep, session: ReadDep) -> Response:
+async def verify_audit(request: Request, who: SignedInDep, session: ReadsDep) -> Response:
     result = await pages.verification(session)
     if request.headers.get("HX-Request"):
         return page(request, "_audit_verify.html", {"result": result})
@@ -325,7 +335,7 @@ async def verify_audit(request: Request, who: SignedInDep, session: ReadDep) -> 
 
 
 @router.get("/config")
-async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadDep) -> Response:
+async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep) -> Response:
     switches = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
     read_only = next((s for s in switches if s.name == READ_ONLY), None)
     return page(

@@ -8,11 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app import queries
 from app.audit import Actor
 from app.confirmations import votes_for
-from app.deps import AdminDep, RuntimeDep, SessionDep
+from app.db import transaction
+from app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from app.hook_services import set_switch
 from app.models import Status, Switch
 from app.operators import decide
@@ -40,7 +42,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.get("/requests", response_model=list[RequestOut], responses=ERRORS)
 async def list_requests(
-    session: SessionDep,
+    session: ReadsDep,
     status_: Annotated[Status | None, Query(alias="status")] = None,
     agent: Annotated[str | None, Query(max_length=200)] = None,
     tool: Annotated[str | None, Query(max_length=500)] = None,
@@ -53,7 +55,7 @@ async def list_requests(
     return [RequestOut.of(r, await votes_for(session, r.id)) for r in rows]
 
 
-async def _admin_view(session: SessionDep, request_id: str) -> AdminRequestOut:
+async def _admin_view(session: AsyncSession, request_id: str) -> AdminRequestOut:
     view = await queries.admin_view(session, request_id)
     if view is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
@@ -61,7 +63,7 @@ async def _admin_view(session: SessionDep, request_id: str) -> AdminRequestOut:
 
 
 @router.get("/requests/{request_id}", response_model=AdminRequestOut, responses=ERRORS)
-async def read_request(request_id: str, session: SessionDep) -> AdminRequestOut:
+async def read_request(request_id: str, session: ReadsDep) -> AdminRequestOut:
     """One request with its votes and audit trail."""
     return await _admin_view(session, request_id)
 
@@ -72,29 +74,32 @@ async def read_request(request_id: str, session: SessionDep) -> AdminRequestOut:
     responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_request(
-    request_id: str, body: DecisionIn, runtime: RuntimeDep, session: SessionDep
+    request_id: str, body: DecisionIn, runtime: RuntimeDep
 ) -> AdminRequestOut | JSONResponse:
     """Approve or reject as a named operator (a vote like any other; 409 if refused)."""
-    result = await decide(
-        session,
-        request_id,
-        verdict=Verdict(body.verdict),
-        operator=body.operator,
-        config=runtime.config,
-        reason=body.reason,
-        via="api",
-    )
+    # The vote commits (waking the agents waiting on it) before the answer's trail is read.
+    async with transaction(runtime.sessions) as session:
+        result = await decide(
+            session,
+            request_id,
+            verdict=Verdict(body.verdict),
+            operator=body.operator,
+            config=runtime.config,
+            reason=body.reason,
+            via="api",
+        )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
     if not result.accepted:
-        # Answered, not raised: the refusal's audit event commits with the session.
+        # Answered, not raised: the refusal's audit event has committed.
         return JSONResponse({"detail": result.message}, status.HTTP_409_CONFLICT)
-    return await _admin_view(session, request_id)
+    async with runtime.reads() as session:
+        return await _admin_view(session, request_id)
 
 
 @router.get("/audit", response_model=list[AuditEventOut], responses=ERRORS)
 async def list_audit(
-    session: SessionDep,
+    session: ReadsDep,
     request_id: str | None = None,
     after: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
@@ -105,7 +110,7 @@ async def list_audit(
 
 
 @router.get("/audit/verify", response_model=AuditVerifyOut, responses=ERRORS)
-async def verify_audit(session: SessionDep) -> AuditVerifyOut:
+async def verify_audit(session: ReadsDep) -> AuditVerifyOut:
     """Check the hash chain end to end."""
     return await queries.verify_audit(session)
 
@@ -117,7 +122,7 @@ async def read_config(runtime: RuntimeDep) -> dict[str, Any]:
 
 
 @router.get("/switches", response_model=list[SwitchOut], responses=ERRORS)
-async def list_switches(session: SessionDep) -> list[SwitchOut]:
+async def list_switches(session: ReadsDep) -> list[SwitchOut]:
     """Operator switches (``read_only`` for ``readonly_guard``)."""
     rows = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
     return [SwitchOut.model_validate(r, from_attributes=True) for r in rows]

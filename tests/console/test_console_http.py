@@ -154,6 +154,30 @@ async def test_wrong_password_is_refused(console: Console, name: str, password: 
     assert (await console.get("/ui/")).status_code == 303
 
 
+async def test_repeated_failures_lock_out_the_address_and_the_operator(console: Console) -> None:
+    for _ in range(5):
+        assert (await console.sign_in("alice", "guess")).status_code == 401
+
+    # Locked out: even the right password is not checked now.
+    locked = await console.sign_in("alice")
+    assert locked.status_code == 429
+    assert "Too many failed sign-ins" in locked.text
+    assert 0 < int(locked.headers["Retry-After"]) <= 15 * 60
+    assert (await console.get("/ui/")).status_code == 303
+    # The same address as another operator is refused too.
+    assert (await console.sign_in("bob")).status_code == 429
+
+
+async def test_a_success_clears_earlier_failures(console: Console) -> None:
+    for _ in range(4):
+        assert (await console.sign_in("alice", "guess")).status_code == 401
+    assert (await console.sign_in("alice")).status_code == 303
+    console.client.cookies.clear()  # signed out: the form again
+    for _ in range(4):
+        assert (await console.sign_in("alice", "guess")).status_code == 401
+    assert (await console.sign_in("alice")).status_code == 303
+
+
 @pytest.mark.parametrize(
     "evil", ["https://evil.example/", "//evil.example/ui", "/v1/admin/config", "/ui\\@evil", "javascript:x"]
 )
