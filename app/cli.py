@@ -104,6 +104,9 @@ def serve(
         access_log=False,
         # Long-polls are re-attached by clients; do not hold a restart for them.
         timeout_graceful_shutdown=3,
+        # Thousands of agents re-attach at once after a restart; a short accept queue drops
+        # their SYNs into seconds-long retries (the kernel caps this at net.core.somaxconn).
+        backlog=8192,
     )
 
 

@@ -10,6 +10,7 @@ never remembered: a key created a moment ago works at once.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
@@ -107,11 +108,32 @@ async def authenticate_cached(
     agent = cache.get(scope, digest)
     if agent is not None:
         return agent
-    async with sessions() as session:
-        agent = await _lookup(session, digest)
-    if agent is not None:
-        cache.put(scope, digest, agent)
+    # One look-up per key at a time: the calls that miss together (thousands of agents'
+    # long-polls when an entry expires) share it instead of each taking a connection.
+    key = (scope, digest)
+    if (pending := _LOOKUPS.get(key)) is not None:
+        return await asyncio.shield(pending)
+    shared: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    _LOOKUPS[key] = shared
+    try:
+        async with sessions() as session:
+            agent = await _lookup(session, digest)
+        if agent is not None:
+            cache.put(scope, digest, agent)
+        shared.set_result(agent)
+    except Exception as exc:
+        shared.set_exception(exc)
+        shared.exception()  # retrieved here: nobody else may be waiting
+        raise
+    finally:
+        _LOOKUPS.pop(key, None)
+        if not shared.done():  # the look-up itself was cancelled
+            shared.cancel()
     return agent
+
+
+_LOOKUPS: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+"""Key look-ups in flight, by (database, key hash)."""
 
 
 async def revoke_keys(

@@ -117,7 +117,13 @@ def main() -> None:
         app = postgres_app(args.database)
     # The same uvicorn options as `signoff serve` (app/cli.py).
     uvicorn.run(
-        app, host="127.0.0.1", port=args.port, log_level="info", access_log=False, timeout_graceful_shutdown=3
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        backlog=8192,
     )
 
 
