@@ -20,7 +20,15 @@ from sqlalchemy.util import await_
 from sqlalchemy.util.queue import AsyncAdaptedQueue, Empty
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-__all__ = ["async_url", "create_engine", "is_sqlite", "migrate", "sessionmaker", "transaction"]
+__all__ = [
+    "YIELD_AFTER_COMMIT",
+    "async_url",
+    "create_engine",
+    "is_sqlite",
+    "migrate",
+    "sessionmaker",
+    "transaction",
+]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -239,6 +247,11 @@ def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, class_=AsyncSession, expire_on_commit=False)
 
 
+YIELD_AFTER_COMMIT = "signoff.yield_after_commit"
+"""Set in a session's ``info`` by an after-commit hook that woke other tasks (agents waiting on
+a decision): the transaction then yields once, so they answer before its caller goes on."""
+
+
 @asynccontextmanager
 async def transaction(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
     """One transaction: commit on success, roll back on any exception."""
@@ -247,6 +260,8 @@ async def transaction(factory: async_sessionmaker[AsyncSession]) -> AsyncIterato
         yield session
         if session.in_transaction():
             await session.commit()
+            if session.info.pop(YIELD_AFTER_COMMIT, False):
+                await asyncio.sleep(0)
     except BaseException:
         await session.rollback()
         await session.close()

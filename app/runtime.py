@@ -16,7 +16,7 @@ from app.channel_types import build_channel
 from app.clicks import ClickService
 from app.config import SignoffConfig, load_config
 from app.confirmations import DECIDED_KEY, OUTBOX_KEY
-from app.db import create_engine, is_sqlite
+from app.db import YIELD_AFTER_COMMIT, create_engine, is_sqlite
 from app.intake import Intake
 from app.models import ConfirmationRequest
 from app.settings import Settings
@@ -40,6 +40,7 @@ def _session_class(hub: Hub) -> type[Session]:
         decided = session.info.pop(DECIDED_KEY, None)
         if decided:
             hub.notify(decided)
+            session.info[YIELD_AFTER_COMMIT] = True
         if session.info.pop(OUTBOX_KEY, False):
             hub.outbox.set()
 

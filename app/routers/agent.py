@@ -352,7 +352,8 @@ async def wait_request(
         if current.status in TERMINAL or timeout == 0:
             return current
         try:
-            await asyncio.wait_for(woken.wait(), timeout)
+            async with asyncio.timeout(timeout):  # no extra task: woken in one loop turn
+                await woken.wait()
         except TimeoutError:
             pass
         return await _own(runtime, agent, request_id)

@@ -11,8 +11,8 @@ from starlette.background import BackgroundTask
 from app import audit
 from app.audit import Actor
 from app.db import transaction
-from app.deps import RuntimeDep
 from app.metrics import CALLBACK_REJECTIONS, reason_label
+from app.runtime import Runtime
 from channels import CallbackRejected, InteractiveChannel
 
 router = APIRouter(prefix="/callbacks", tags=["callbacks"])
@@ -20,10 +20,10 @@ log = logging.getLogger("signoff.callbacks")
 
 
 @router.post("/{channel_type}/{channel}", include_in_schema=True)
-async def receive_callback(
-    channel_type: str, channel: str, request: Request, runtime: RuntimeDep
-) -> JSONResponse:
+async def receive_callback(channel_type: str, channel: str, request: Request) -> JSONResponse:
     """A button click (or verification challenge) from Slack or Feishu."""
+    # The runtime straight from the app: no dependency to solve on the decision's clock.
+    runtime: Runtime = request.app.state.runtime
     target = runtime.channels.get(channel)
     if target is None or target.type != channel_type or not isinstance(target, InteractiveChannel):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no {channel_type} channel named {channel!r}")
