@@ -179,9 +179,7 @@ class Intake:
                     if not future.done():
                         future.cancel()
 
-    async def _write(
-        self, batch: list[tuple[NewRequest, asyncio.Future[ConfirmationRequest | None]]]
-    ) -> None:
+    async def _write(self, batch: list[_Waiting]) -> None:
         try:
             async with transaction(self._sessions) as session:
                 answers = await write_new_requests(session, [n for n, _ in batch])
