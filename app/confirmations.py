@@ -25,6 +25,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app import audit
 from app.audit import Actor
 from app.config import SignoffConfig
+from app.db import dialect_of, insert_ignoring
 from app.metrics import DECISION_SECONDS, DECISIONS
 from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
 from channels import Card, Person, Verdict
@@ -74,8 +75,6 @@ _QUEUED_UPDATES = (
     .with_for_update()
 )
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
-_INSERTS: dict[tuple[str, str], Any] = {}
-"""INSERT … ON CONFLICT DO NOTHING statements, built once per dialect and table."""
 
 
 def _row(obj: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -125,7 +124,7 @@ async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, no
 
 
 def _on_postgres(session: AsyncSession) -> bool:
-    return session.sync_session.get_bind().dialect.name == "postgresql"
+    return dialect_of(session) == "postgresql"
 
 
 async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
@@ -495,19 +494,7 @@ async def _insert_unless_taken(
     flush: on PostgreSQL a racing insert of the same key waits for the other
     transaction, then does nothing.
     """
-    dialect = session.sync_session.get_bind().dialect.name
-    stmt = _INSERTS.get((dialect, table.name))
-    if stmt is None:
-        insert: Any
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        elif dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:  # pragma: no cover - the two supported databases
-            raise RuntimeError(f"unsupported database {dialect!r}")
-        pk = next(iter(table.primary_key.columns))
-        stmt = insert(table).on_conflict_do_nothing(index_elements=list(unique)).returning(pk)
-        _INSERTS[(dialect, table.name)] = stmt
+    stmt = insert_ignoring(dialect_of(session), table, unique)
     return (await session.exec(stmt, params=row)).first() is not None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
@@ -24,6 +27,8 @@ __all__ = [
     "YIELD_AFTER_COMMIT",
     "async_url",
     "create_engine",
+    "dialect_of",
+    "insert_ignoring",
     "is_sqlite",
     "migrate",
     "sessionmaker",
@@ -241,6 +246,29 @@ def create_engine(url: str, *, readonly: bool = False, **kw: Any) -> AsyncEngine
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def dialect_of(session: AsyncSession) -> str:
+    """``sqlite`` or ``postgresql``."""
+    return str(session.sync_session.get_bind().dialect.name)
+
+
+@functools.cache
+def insert_ignoring(dialect: str, table: sa.Table, unique: tuple[str, ...]) -> sa.Insert:
+    """``INSERT … ON CONFLICT (unique) DO NOTHING RETURNING <primary key>``, built once.
+
+    A row whose ``unique`` columns are taken inserts nothing and returns nothing; on
+    PostgreSQL a racing insert of the same key waits for the other transaction, then
+    does nothing.
+    """
+    dialects = {"postgresql": postgresql, "sqlite": sqlite}
+    if dialect not in dialects:  # pragma: no cover - the two supported databases
+        raise RuntimeError(f"unsupported database {dialect!r}")
+    pk = next(iter(table.primary_key.columns))
+    stmt: sa.Insert = (
+        dialects[dialect].insert(table).on_conflict_do_nothing(index_elements=list(unique)).returning(pk)
+    )
+    return stmt
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -24,7 +24,6 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -33,7 +32,7 @@ from app import audit
 from app.audit import Actor
 from app.config import SignoffConfig
 from app.confirmations import OUTBOX_KEY, WEB_CHANNEL, call_digest, decision_for, redact
-from app.db import transaction
+from app.db import dialect_of, insert_ignoring, transaction
 from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
 from hooks import Decision, HookContext, HookResult
 from hooks.confirmation_gate import ConfirmationGate
@@ -46,15 +45,7 @@ MAX_BATCH = 256
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
 _DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
 _INSERT_DELIVERIES = sa.insert(_DELIVERIES)
-_INSERT_REQUESTS = {
-    # A key already taken (by an earlier call or by one earlier in the same batch) inserts
-    # nothing and returns no id; on PostgreSQL a racing insert of the same key waits for
-    # the other transaction, then does nothing.
-    name: dialect.insert(_REQUESTS)
-    .on_conflict_do_nothing(index_elements=["agent_id", "idempotency_key"])
-    .returning(_REQUESTS.c.id)
-    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
-}
+_IDEMPOTENCY_KEY = ("agent_id", "idempotency_key")
 
 
 _UNDECIDED = dict.fromkeys(
@@ -99,8 +90,10 @@ async def write_new_requests(
     For each entry: None if its request was written, or the existing request that
     already holds its idempotency key.
     """
-    dialect = session.sync_session.get_bind().dialect.name
-    result = await session.exec(_INSERT_REQUESTS[dialect], params=[n.row for n in batch])
+    # A key already taken (by an earlier call, or by one earlier in this batch) inserts
+    # nothing and returns no id.
+    insert = insert_ignoring(dialect_of(session), _REQUESTS, _IDEMPOTENCY_KEY)
+    result = await session.exec(insert, params=[n.row for n in batch])
     written = {str(r[0]) for r in result.all()}
     answers: list[ConfirmationRequest | None] = []
     for n in batch:
