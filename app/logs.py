@@ -44,6 +44,7 @@ def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per plugin otherwise
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # two lines per sweep, every second
 
 
 class RequestId:
