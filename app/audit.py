@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.models import AuditEvent, AuditHead, utcnow
+from signoff.app.models import AuditEvent, AuditHead, utcnow
 
 __all__ = ["Actor", "BrokenLink", "Entry", "append", "append_many", "event_hash", "verify_chain"]
 

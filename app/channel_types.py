@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from channels import Channel, fake, feishu, slack, web
+from signoff.channels import Channel, fake, feishu, slack, web
 
 __all__ = ["CHANNEL_TYPES", "ChannelConfig", "ChannelType", "build_channel"]
 

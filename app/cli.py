@@ -1,28 +1,41 @@
-"""The ``signoff`` command line."""
+"""The ``signoff`` command line.
+
+It works on the database directly (the same ``SIGNOFF_DATABASE_URL`` and ``SIGNOFF_CONFIG``
+as the server), not through the server's API. Every failure is one line on stderr that
+names the cause and the fix, with a non-zero exit; ``SIGNOFF_DEBUG=1`` adds the traceback.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, TypeVar
 
+import sqlalchemy.exc
 import typer
+from sqlalchemy.engine import make_url
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.audit import Actor, BrokenLink, verify_chain
-from app.config import ConfigError, load_config
-from app.confirmations import get_request, votes_for
-from app.db import create_engine, migrate, sessionmaker, transaction
-from app.keys import create_key, revoke_keys
-from app.models import AgentKey, ConfirmationRequest, Status
-from app.operators import decide
-from app.settings import Settings
-from channels import Verdict
+from signoff.app.audit import Actor, BrokenLink, verify_chain
+from signoff.app.config import ConfigError, SignoffConfig, load_config
+from signoff.app.confirmations import get_request, votes_for
+from signoff.app.db import create_engine, migrate, sessionmaker, transaction
+from signoff.app.keys import create_key, revoke_keys
+from signoff.app.models import AgentKey, ConfirmationRequest, Status
+from signoff.app.operators import decide
+from signoff.app.settings import Settings
+from signoff.channels import Verdict
 
 app = typer.Typer(
-    help="Signoff: human approval for AI agents' tool calls.", no_args_is_help=True, add_completion=False
+    help="Signoff: human approval for AI agents' tool calls.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
 )
 db_app = typer.Typer(help="The database.", no_args_is_help=True)
 config_app = typer.Typer(help="The YAML configuration.", no_args_is_help=True)
@@ -50,12 +63,67 @@ T = TypeVar("T")
 CLI = Actor("cli", None, "command line")
 
 
+class CliError(Exception):
+    """A failure to report as one ``error: …`` line (exit code ``code``)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def _settings() -> Settings:
     try:
         return Settings()
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        errors = getattr(exc, "errors", None)
+        detail = "; ".join(str(e.get("msg", e)) for e in errors()) if callable(errors) else str(exc)
+        raise CliError(detail.removeprefix("Value error, "), 2) from None
+
+
+def _config(settings: Settings, *, needed_for: str) -> SignoffConfig:
+    if settings.config is None:
+        raise CliError(
+            f"SIGNOFF_CONFIG is not set, and {needed_for} needs the server's configuration: "
+            "set SIGNOFF_CONFIG=/path/to/signoff.yaml",
+            2,
+        )
+    try:
+        return load_config(settings.config)
+    except ConfigError as exc:
+        raise CliError(_config_problems(settings.config, exc), 2) from None
+
+
+def _config_problems(path: Path, exc: ConfigError) -> str:
+    count = len(exc.problems)
+    first = exc.problems[0] if exc.problems else str(exc)
+    more = f" (and {count - 1} more: run `signoff config check {path}`)" if count > 1 else ""
+    return f"the configuration is invalid: {first}{more}"
+
+
+def _safe_url(url: str) -> str:
+    """The database URL without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1]
+
+
+def _database_error(exc: BaseException, url: str) -> CliError | None:
+    """Name the two database failures a user can fix: not migrated, and not reachable."""
+    text = str(getattr(exc, "orig", None) or exc)
+    where = _safe_url(url)
+    if "no such table" in text or ("does not exist" in text and "relation" in text):
+        return CliError(
+            f"the database at {where} has no Signoff tables yet: run `signoff db upgrade` "
+            "(or start `signoff serve`, which migrates it) with the same SIGNOFF_DATABASE_URL"
+        )
+    if isinstance(exc, OSError | sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        reason = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        return CliError(
+            f"cannot reach the database at {where} ({reason}): "
+            "check SIGNOFF_DATABASE_URL and that the database is running"
+        )
+    return None
 
 
 def _with_session(work: Callable[[AsyncSession, Settings], Awaitable[T]]) -> T:
@@ -69,7 +137,22 @@ def _with_session(work: Callable[[AsyncSession, Settings], Awaitable[T]]) -> T:
         finally:
             await engine.dispose()
 
-    return asyncio.run(run())
+    with _database(settings):
+        return asyncio.run(run())
+
+
+@contextmanager
+def _database(settings: Settings) -> Iterator[None]:
+    """Turn the database failures a user can fix into one line that says how."""
+    try:
+        yield
+    except CliError:
+        raise
+    except Exception as exc:
+        known = _database_error(exc, settings.database_url)
+        if known is None:
+            raise
+        raise known from exc
 
 
 @app.command()
@@ -83,18 +166,16 @@ def serve(
     """Apply the migrations, then serve the API."""
     import uvicorn
 
-    from app.logs import configure_logging
-    from app.main import create_app
+    from signoff.app.logs import configure_logging
+    from signoff.app.main import create_app
 
     settings = _settings()
-    try:
-        load_config(settings.config)
-    except ConfigError as exc:
-        typer.echo(f"error: the configuration is invalid:\n{exc}", err=True)
-        raise typer.Exit(2) from None
+    if settings.config is not None:
+        _config(settings, needed_for="serve")
     configure_logging(settings.log_format, settings.log_level)
     if migrate_first and settings.migrate_on_start:
-        migrate(settings.database_url)
+        with _database(settings):
+            migrate(settings.database_url)
     uvicorn.run(
         create_app(settings=settings),
         host=host or settings.host,
@@ -114,8 +195,9 @@ def serve(
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
     """Apply the migrations to SIGNOFF_DATABASE_URL."""
     settings = _settings()
-    migrate(settings.database_url, revision)
-    typer.echo(f"database at {settings.database_url.split('@')[-1]} is at {revision}")
+    with _database(settings):
+        migrate(settings.database_url, revision)
+    typer.echo(f"database at {_safe_url(settings.database_url)} is at {revision}")
 
 
 @config_app.command("check")
@@ -152,16 +234,14 @@ def keys_revoke(
 ) -> None:
     """Revoke one key, or all keys of an agent."""
     if (key_id is None) == (agent is None):
-        typer.echo("error: name a key id or --agent", err=True)
-        raise typer.Exit(2)
+        raise CliError("name a key id or --agent AGENT (see `signoff keys list`)", 2)
 
     async def work(session: AsyncSession, settings: Settings) -> list[str]:
         return await revoke_keys(session, key_id=key_id, agent_id=agent, actor=CLI)
 
     revoked = _with_session(work)
     if not revoked:
-        typer.echo("error: no live key matched", err=True)
-        raise typer.Exit(1)
+        raise CliError("no live key matched (see `signoff keys list`)")
     typer.echo(f"revoked {', '.join(revoked)}")
 
 
@@ -202,7 +282,7 @@ def requests_list(
 @requests_app.command("show")
 def requests_show(request_id: str) -> None:
     """A request with its votes, as JSON."""
-    from app.schemas import RequestOut
+    from signoff.app.schemas import RequestOut
 
     async def work(session: AsyncSession, settings: Settings) -> str | None:
         req = await get_request(session, request_id)
@@ -212,38 +292,43 @@ def requests_show(request_id: str) -> None:
 
     out = _with_session(work)
     if out is None:
-        typer.echo(f"error: no request {request_id}", err=True)
-        raise typer.Exit(1)
+        raise CliError(f"no request {request_id} (see `signoff requests list`)")
     typer.echo(out)
 
 
 def _decide(request_id: str, verdict: Verdict, reason: str | None, as_: str | None) -> None:
-    operator = as_ or "cli"
+    settings = _settings()
+    config = _config(settings, needed_for=f"`signoff requests {verdict.value}`")
 
     async def work(session: AsyncSession, settings: Settings) -> tuple[bool, str] | None:
+        if as_ is None or not as_.strip():
+            req = await get_request(session, request_id)
+            if req is None:
+                return None
+            approvers = ", ".join(req.gate.get("approvers") or []) or "anyone listed in people"
+            raise CliError(
+                f"say who decides: `signoff requests {verdict.value} {request_id} --as NAME` "
+                f"(approvers of this request: {approvers})",
+                2,
+            )
         result = await decide(
             session,
             request_id,
             verdict=verdict,
-            operator=operator,
-            config=load_config(settings.config),
+            operator=as_.strip(),
+            config=config,
             reason=reason,
             via="cli",
         )
         return None if result is None else (result.accepted, result.message)
 
-    try:
-        out = _with_session(work)
-    except ConfigError as exc:
-        typer.echo(f"error: the configuration is invalid:\n{exc}", err=True)
-        raise typer.Exit(2) from None
+    out = _with_session(work)
     if out is None:
-        typer.echo(f"error: no request {request_id}", err=True)
-        raise typer.Exit(1)
+        raise CliError(f"no request {request_id} (see `signoff requests list`)")
     accepted, message = out
-    typer.echo(message, err=not accepted)
     if not accepted:
-        raise typer.Exit(1)
+        raise CliError(message)
+    typer.echo(message)
 
 
 @requests_app.command("approve")
@@ -281,18 +366,16 @@ def audit_verify() -> None:
     if broken is None:
         typer.echo(f"audit chain intact: {count} events")
         return
-    typer.echo(
-        f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)",
-        err=True,
+    raise CliError(
+        f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)"
     )
-    raise typer.Exit(1)
 
 
 SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]
 
 
 def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) -> None:
-    from app.hook_services import set_switch
+    from signoff.app.hook_services import set_switch
 
     async def work(session: AsyncSession, settings: Settings) -> None:
         await set_switch(
@@ -326,7 +409,7 @@ def readonly_off(
 @readonly_app.command("status")
 def readonly_status(switch: SwitchName = "read_only") -> None:
     """Print whether the switch is on."""
-    from app.hook_services import is_switch_on
+    from signoff.app.hook_services import is_switch_on
 
     async def work(session: AsyncSession, settings: Settings) -> bool:
         return await is_switch_on(session, switch)
@@ -339,15 +422,14 @@ def operators_hash_password() -> None:
     """Read a password (typed without echo, or piped on stdin) and print its argon2 hash."""
     import sys
 
-    from app.console.passwords import hash_password
+    from signoff.app.console.passwords import hash_password
 
     if sys.stdin.isatty():
         password = typer.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)
     else:
         password = sys.stdin.readline().rstrip("\r\n")
     if not password:
-        typer.echo("error: the password is empty", err=True)
-        raise typer.Exit(2)
+        raise CliError("the password is empty", 2)
     if len(password) < 12:
         typer.echo("warning: a password shorter than 12 characters is easy to guess", err=True)
     typer.echo(hash_password(password))
@@ -355,7 +437,32 @@ def operators_hash_password() -> None:
 
 
 def main() -> None:
-    app()
+    """Run the CLI; any failure becomes one ``error:`` line (a traceback with ``SIGNOFF_DEBUG=1``)."""
+    debug = os.environ.get("SIGNOFF_DEBUG", "").strip() not in ("", "0", "false")
+    try:
+        code = app(standalone_mode=False)
+    except CliError as exc:
+        _fail(str(exc), exc.code, debug)
+    except typer.Abort:
+        _fail("aborted", 1, debug)
+    except typer.TyperException as exc:  # usage errors: click's own message and exit code
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        sys.exit(getattr(exc, "exit_code", 2))
+    except Exception as exc:
+        _fail(f"{type(exc).__name__}: {exc} (run with SIGNOFF_DEBUG=1 for the traceback)", 1, debug)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int, debug: bool) -> None:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    line = " ".join(message.split())
+    sys.stderr.write(f"error: {line}\n")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

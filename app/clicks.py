@@ -1,4 +1,4 @@
-"""The server's :class:`channels.ClickHandler`: clicks from any channel become votes."""
+"""The server's :class:`signoff.channels.ClickHandler`: clicks from any channel become votes."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.config import SignoffConfig
-from app.confirmations import Voter, build_card, cast_vote, votes_for
-from app.db import transaction
-from app.models import Vote
-from channels import Card, Click, ClickOutcome
+from signoff.app.config import SignoffConfig
+from signoff.app.confirmations import Voter, build_card, cast_vote, votes_for
+from signoff.app.db import transaction
+from signoff.app.models import Vote
+from signoff.channels import Card, Click, ClickOutcome
 
 __all__ = ["ClickService"]
 

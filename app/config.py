@@ -17,13 +17,13 @@ from typing import Annotated, Any, Literal, cast
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from app.channel_types import CHANNEL_TYPES, ChannelConfig
-from hooks.audit_log import AuditLog
-from hooks.confirmation_gate import ConfirmationGate
-from hooks.context_inject import ContextInject
-from hooks.rate_limit import RateLimit
-from hooks.readonly_guard import ReadOnlyGuard
-from hooks.result_truncate import ResultTruncate
+from signoff.app.builtin_hooks.audit_log import AuditLog
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.builtin_hooks.context_inject import ContextInject
+from signoff.app.builtin_hooks.rate_limit import RateLimit
+from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
+from signoff.app.builtin_hooks.result_truncate import ResultTruncate
+from signoff.app.channel_types import CHANNEL_TYPES, ChannelConfig
 
 HookConfig = ConfirmationGate | ReadOnlyGuard | RateLimit | ResultTruncate | AuditLog | ContextInject
 """Every hook type an agent's ``hooks`` list may hold, told apart by ``type``."""

@@ -22,15 +22,15 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import audit
-from app.audit import Actor
-from app.config import SignoffConfig
-from app.db import dialect_of, insert_ignoring
-from app.metrics import DECISION_SECONDS, DECISIONS
-from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
-from channels import Card, Person, Verdict
-from hooks import Decision, HookResult
-from hooks._gate import describe_request
+from signoff.app import audit
+from signoff.app.audit import Actor
+from signoff.app.config import SignoffConfig
+from signoff.app.db import dialect_of, insert_ignoring
+from signoff.app.metrics import DECISION_SECONDS, DECISIONS
+from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
+from signoff.channels import Card, Person, Verdict
+from signoff.hooks import Decision, HookResult
+from signoff.hooks._gate import describe_request
 
 __all__ = [
     "ALLOWED_TRANSITIONS",

@@ -10,9 +10,9 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.db import transaction
-from app.keys import authenticate_cached
-from app.runtime import Runtime
+from signoff.app.db import transaction
+from signoff.app.keys import authenticate_cached
+from signoff.app.runtime import Runtime
 
 _bearer = HTTPBearer(auto_error=False)
 

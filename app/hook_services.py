@@ -1,4 +1,4 @@
-"""The server side of the built-in hooks (:class:`hooks.HookServices`)."""
+"""The server side of the built-in hooks (:class:`signoff.hooks.HookServices`)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import audit
-from app.audit import Actor
-from app.confirmations import redact
-from app.intake import Approvals
-from app.models import RateBucket, Switch, utcnow
-from hooks import HookContext, HookResult
+from signoff.app import audit
+from signoff.app.audit import Actor
+from signoff.app.confirmations import redact
+from signoff.app.intake import Approvals
+from signoff.app.models import RateBucket, Switch, utcnow
+from signoff.hooks import HookContext, HookResult
 
 if TYPE_CHECKING:
-    from app.runtime import Runtime
+    from signoff.app.runtime import Runtime
 
 __all__ = ["ServerHookServices", "is_switch_on", "set_switch"]
 

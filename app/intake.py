@@ -28,14 +28,14 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import audit
-from app.audit import Actor
-from app.config import SignoffConfig
-from app.confirmations import OUTBOX_KEY, WEB_CHANNEL, call_digest, decision_for, redact
-from app.db import dialect_of, insert_ignoring, transaction
-from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
-from hooks import Decision, HookContext, HookResult
-from hooks.confirmation_gate import ConfirmationGate
+from signoff.app import audit
+from signoff.app.audit import Actor
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.config import SignoffConfig
+from signoff.app.confirmations import OUTBOX_KEY, WEB_CHANNEL, call_digest, decision_for, redact
+from signoff.app.db import dialect_of, insert_ignoring, transaction
+from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
+from signoff.hooks import Decision, HookContext, HookResult
 
 __all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
 
@@ -191,7 +191,7 @@ class Intake:
 
 
 class Approvals:
-    """The server side of the confirmation gate for one call (see :class:`hooks.HookServices`).
+    """The server side of the confirmation gate for one call (see :class:`signoff.hooks.HookServices`).
 
     Writes through ``intake`` unless the call's ``session`` already holds a transaction
     (or there is no intake), in which case the request joins that transaction.

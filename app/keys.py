@@ -20,9 +20,9 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import audit
-from app.audit import Actor
-from app.models import AgentKey, utcnow
+from signoff.app import audit
+from signoff.app.audit import Actor
+from signoff.app.models import AgentKey, utcnow
 
 __all__ = ["CACHE_SECONDS", "KeyCache", "authenticate", "authenticate_cached", "create_key", "revoke_keys"]
 

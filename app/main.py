@@ -17,16 +17,16 @@ from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import console
-from app.confirmations import NOTIFY_CHANNEL, expire_overdue
-from app.db import is_sqlite, transaction
-from app.logs import RequestId
-from app.outbox import Dispatcher
-from app.routers import admin, agent, callbacks, ops
-from app.runtime import Runtime
-from app.settings import Settings, get_settings
-from app.waiters import listen_for_decisions
-from channels import InteractiveChannel
+from signoff.app import console
+from signoff.app.confirmations import NOTIFY_CHANNEL, expire_overdue
+from signoff.app.db import is_sqlite, transaction
+from signoff.app.logs import RequestId
+from signoff.app.outbox import Dispatcher
+from signoff.app.routers import admin, agent, callbacks, ops
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings, get_settings
+from signoff.app.waiters import listen_for_decisions
+from signoff.channels import InteractiveChannel
 
 __all__ = ["create_app"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.config import SignoffConfig
-from app.confirmations import Voter, VoteResult, cast_vote
-from channels import Verdict
+from signoff.app.config import SignoffConfig
+from signoff.app.confirmations import Voter, VoteResult, cast_vote
+from signoff.channels import Verdict
 
 __all__ = ["decide"]
 

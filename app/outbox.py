@@ -21,12 +21,12 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, or_, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.audit import Actor
-from app.config import SignoffConfig
-from app.confirmations import build_card, get_request, transition, votes_for
-from app.metrics import DELIVERIES
-from app.models import Delivery, OutboxStatus, Status, utcnow
-from channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
+from signoff.app.audit import Actor
+from signoff.app.config import SignoffConfig
+from signoff.app.confirmations import build_card, get_request, transition, votes_for
+from signoff.app.metrics import DELIVERIES
+from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
+from signoff.channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
 
 __all__ = ["Dispatcher", "backoff"]
 

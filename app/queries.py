@@ -14,11 +14,11 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 from sqlmodel.sql.expression import SelectOfScalar
 
-from app.audit import verify_chain
-from app.config import SignoffConfig
-from app.confirmations import get_request, votes_for
-from app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
-from app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
+from signoff.app.audit import verify_chain
+from signoff.app.config import SignoffConfig
+from signoff.app.confirmations import get_request, votes_for
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
+from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
 
 __all__ = [
     "RequestFilter",

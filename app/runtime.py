@@ -12,17 +12,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.channel_types import build_channel
-from app.clicks import ClickService
-from app.config import SignoffConfig, load_config
-from app.confirmations import DECIDED_KEY, OUTBOX_KEY
-from app.db import YIELD_AFTER_COMMIT, create_engine, is_sqlite
-from app.intake import Intake
-from app.models import ConfirmationRequest
-from app.settings import Settings
-from app.waiters import Hub
-from channels import Channel
-from hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
+from signoff.app.channel_types import build_channel
+from signoff.app.clicks import ClickService
+from signoff.app.config import SignoffConfig, load_config
+from signoff.app.confirmations import DECIDED_KEY, OUTBOX_KEY
+from signoff.app.db import YIELD_AFTER_COMMIT, create_engine, is_sqlite
+from signoff.app.intake import Intake
+from signoff.app.models import ConfirmationRequest
+from signoff.app.settings import Settings
+from signoff.app.waiters import Hub
+from signoff.channels import Channel
+from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
 
 __all__ = ["Runtime"]
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from app.models import AuditEvent, ConfirmationRequest, Status, Vote
+from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
 
 
 def _no_nul(value: str) -> str:

@@ -6,8 +6,8 @@ import asyncio
 import uuid
 from datetime import timedelta
 
-from app.db import create_engine
-from app.models import ConfirmationRequest, Delivery, utcnow
+from signoff.app.db import create_engine
+from signoff.app.models import ConfirmationRequest, Delivery, utcnow
 
 GATE = {
     "name": "pay_*",

@@ -184,7 +184,7 @@ class Signoff:
 
     def cli(self, *args: str) -> str:
         out = subprocess.run(
-            [sys.executable, "-m", "app.cli", *args],
+            [sys.executable, "-m", "signoff.app.cli", *args],
             env=self.env,
             check=True,
             capture_output=True,
@@ -194,7 +194,7 @@ class Signoff:
         return out.stdout
 
     def start(self, *, migrate: bool = False, wait: bool = True) -> subprocess.Popen[bytes]:
-        args = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)]
+        args = [sys.executable, "-m", "signoff.app.cli", "serve", "--port", str(self.port)]
         if not migrate:
             args.append("--no-migrate")
         self.log = self.tmp / f"server-{self.port}-{time.monotonic_ns()}.log"

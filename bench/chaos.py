@@ -54,7 +54,7 @@ from tests.channels.fake_slack import BOT_TOKEN, CHANNEL
 from tests.channels.slack_support import SECRET, button_payload, form_body, signed, submission_payload
 
 SLACK = "ops-slack"
-DISPATCH_CONCURRENCY = 8  # app.outbox.Dispatcher's default
+DISPATCH_CONCURRENCY = 8  # signoff.app.outbox.Dispatcher's default
 LEASE_SECONDS = 3.0
 OUTAGE_429_SECONDS = 1.5
 OUTAGE_5XX_SECONDS = 1.5
@@ -199,7 +199,7 @@ class Processes:
         self.starts += 1
         log = self._log(f"server-{self.starts}.log")
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--no-migrate"],
+            [sys.executable, "-m", "signoff.app.cli", "serve", "--port", str(self.port), "--no-migrate"],
             env=self.env,
             cwd=ROOT,
             stdout=log,
@@ -341,8 +341,8 @@ async def database(db: str, tmp: Path) -> AsyncIterator[str]:
 
 
 async def snapshot(url: str) -> dict[str, Any]:
-    from app.db import create_engine, sessionmaker
-    from app.models import ConfirmationRequest, Delivery, Vote
+    from signoff.app.db import create_engine, sessionmaker
+    from signoff.app.models import ConfirmationRequest, Delivery, Vote
 
     engine = create_engine(url, readonly=True)
     try:
@@ -401,7 +401,7 @@ async def run(
                     "SIGNOFF_OUTBOX_LEASE_SECONDS": str(LEASE_SECONDS),
                     "SIGNOFF_LOG_LEVEL": "WARNING",
                 }
-                cli = [sys.executable, "-m", "app.cli"]
+                cli = [sys.executable, "-m", "signoff.app.cli"]
                 subprocess.run(
                     [*cli, "db", "upgrade"], env=procs.env, cwd=ROOT, check=True, capture_output=True
                 )
@@ -611,7 +611,7 @@ async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) 
     if report.duplicate_posts > len(procs.kills) * DISPATCH_CONCURRENCY:
         problems.append(f"{report.duplicate_posts} duplicate posts for {len(procs.kills)} kills")
     audit = subprocess.run(
-        [sys.executable, "-m", "app.cli", "audit", "verify"],
+        [sys.executable, "-m", "signoff.app.cli", "audit", "verify"],
         env=procs.env,
         cwd=ROOT,
         capture_output=True,

@@ -4,7 +4,7 @@ One agent, one connection, calls one after another (no concurrency):
 
 - baseline: ``httpx`` posting the same call to the bare FastAPI echo
   (``bench.baselines``), the cost of any HTTP round trip from Python;
-- subject: ``hooks.client.AsyncGateClient.pre_tool_use`` (and the sync
+- subject: ``signoff.hooks.client.AsyncGateClient.pre_tool_use`` (and the sync
   ``GateClient``) for a call no gate matches, answered ``allow``.
 
 The ratio is echo p50 / gate p50 (1.0 = the gate costs nothing beyond a round trip).
@@ -47,7 +47,7 @@ class OverheadResult:
 
 
 async def _async(s: Signoff, echo: str, calls: int) -> tuple[Latency, Latency, Latency]:
-    from hooks.client import AsyncGateClient
+    from signoff.hooks.client import AsyncGateClient
 
     call = json.loads(ALLOW_BODY)
     echo_t: list[float] = []
@@ -75,7 +75,7 @@ async def _async(s: Signoff, echo: str, calls: int) -> tuple[Latency, Latency, L
 
 
 def _sync(s: Signoff, echo: str, calls: int) -> tuple[Latency, Latency]:
-    from hooks.client import GateClient
+    from signoff.hooks.client import GateClient
 
     call = json.loads(ALLOW_BODY)
     echo_t: list[float] = []

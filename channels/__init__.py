@@ -1,6 +1,6 @@
-"""Chat-channel adapters behind one small interface (see :mod:`channels._contract`)."""
+"""Chat-channel adapters behind one small interface (see :mod:`signoff.channels._contract`)."""
 
-from channels._contract import (
+from signoff.channels._contract import (
     CallbackRejected,
     CallbackReply,
     Card,

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from channels._contract import Card, DeliveryError, MessageRef
+from signoff.channels._contract import Card, DeliveryError, MessageRef
 
 __all__ = ["FakeChannel", "FakeConfig", "create"]
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from channels._contract import Card, MessageRef
+from signoff.channels._contract import Card, MessageRef
 
 __all__ = ["WebChannel", "WebConfig", "create"]
 

@@ -1,6 +1,6 @@
 """Gate a LangChain v1 (LangGraph) agent's tools with the ``SignoffMiddleware``.
 
-Needs ``pip install 'signoff[langchain]'``. With ``make run`` going (examples/signoff.yaml)::
+Needs ``pip install 'signoff-hooks[langchain]'``. With ``make run`` going (examples/signoff.yaml)::
 
     export SIGNOFF_URL=http://127.0.0.1:8000
     export SIGNOFF_API_KEY=$(signoff keys create demo-agent | tail -1)
@@ -26,8 +26,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 
-from hooks.adapters.langchain import SignoffMiddleware
-from hooks.client import GateClient, GateConfigError, GateDecision
+from signoff.hooks.adapters.langchain import SignoffMiddleware
+from signoff.hooks.client import GateClient, GateConfigError, GateDecision
 
 DEADLINE = float(os.environ.get("SIGNOFF_DEADLINE", "600"))
 

@@ -1,6 +1,6 @@
 """Gate an OpenAI Agents SDK agent's tools with Signoff's ``needs_approval`` and resolver.
 
-Needs ``pip install 'signoff[openai-agents]'``. With ``make run`` going (examples/signoff.yaml)::
+Needs ``pip install 'signoff-hooks[openai-agents]'``. With ``make run`` going (examples/signoff.yaml)::
 
     export SIGNOFF_URL=http://127.0.0.1:8000
     export SIGNOFF_API_KEY=$(signoff keys create demo-agent | tail -1)
@@ -26,8 +26,8 @@ from agents import Agent, RunConfig, function_tool
 from agents.items import ToolCallOutputItem
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from hooks.adapters.openai_agents import SignoffApprovals
-from hooks.client import AsyncGateClient, GateConfigError, GateDecision
+from signoff.hooks.adapters.openai_agents import SignoffApprovals
+from signoff.hooks.client import AsyncGateClient, GateConfigError, GateDecision
 
 DEADLINE = float(os.environ.get("SIGNOFF_DEADLINE", "600"))
 

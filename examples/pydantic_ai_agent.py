@@ -1,6 +1,6 @@
 """Gate a Pydantic AI agent's tools with the ``SignoffApprovals`` capability.
 
-Needs ``pip install 'signoff[pydantic-ai]'``. With ``make run`` going (examples/signoff.yaml)::
+Needs ``pip install 'signoff-hooks[pydantic-ai]'``. With ``make run`` going (examples/signoff.yaml)::
 
     export SIGNOFF_URL=http://127.0.0.1:8000
     export SIGNOFF_API_KEY=$(signoff keys create demo-agent | tail -1)
@@ -25,8 +25,8 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from hooks.adapters.pydantic_ai import SignoffApprovals
-from hooks.client import AsyncGateClient, GateConfigError, GateDecision
+from signoff.hooks.adapters.pydantic_ai import SignoffApprovals
+from signoff.hooks.client import AsyncGateClient, GateConfigError, GateDecision
 
 DEADLINE = float(os.environ.get("SIGNOFF_DEADLINE", "600"))
 PAYMENTS = [{"invoice_id": "INV-2001", "amount": 120}, {"invoice_id": "INV-2002", "amount": 90_000}]

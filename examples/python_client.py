@@ -17,8 +17,8 @@ import os
 import sys
 import uuid
 
-from hooks.client import GateClient, GateConfigError, GateDenied, GateTimeout, GateUnavailable
-from hooks.decorator import gate
+from signoff.hooks.client import GateClient, GateConfigError, GateDenied, GateTimeout, GateUnavailable
+from signoff.hooks.decorator import gate
 
 DEADLINE = float(os.environ.get("SIGNOFF_DEADLINE", "600"))
 RUN = uuid.uuid4().hex[:8]

@@ -1,16 +1,26 @@
-"""Signoff hooks: the hook contract, the built-in hooks, and the registry that runs them."""
+"""Signoff's agent side: the hook contract, the hook registry, the gate client and adapters.
 
-from hooks._contract import (
-    Decision,
-    HookContext,
-    HookPoint,
-    HookResult,
-    HookServices,
-    PostToolUseHook,
-    PreToolUseHook,
-    SessionStartHook,
-)
-from hooks.registry import HookRegistry
+Names are imported on first use, so ``signoff-hook claude-code`` (which needs almost
+none of them) starts without loading the registry, asyncio or httpx.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from signoff.hooks._contract import (
+        Decision,
+        HookContext,
+        HookPoint,
+        HookResult,
+        HookServices,
+        PostToolUseHook,
+        PreToolUseHook,
+        SessionStartHook,
+    )
+    from signoff.hooks.registry import HookRegistry
 
 __all__ = [
     "Decision",
@@ -23,3 +33,14 @@ __all__ = [
     "PreToolUseHook",
     "SessionStartHook",
 ]
+
+_HOMES = dict.fromkeys(__all__, "signoff.hooks._contract") | {"HookRegistry": "signoff.hooks.registry"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'signoff.hooks' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value

@@ -4,7 +4,7 @@ Nothing here opens a socket or sleeps. :func:`gate_flow` is a generator that
 *yields* what it wants done (an :class:`HttpCall` to send or a :class:`Pause`)
 and is *sent* what happened (an :class:`HttpReply`, a :class:`TransportFailure`,
 or ``None`` after a pause). It returns the final :class:`GateDecision`. The
-sync and async clients in :mod:`hooks.client` only drive it, so both share one
+sync and async clients in :mod:`signoff.hooks.client` only drive it, so both share one
 state machine: submit → (pending) long-poll ``/wait`` → decision, re-attaching
 by request id after dropped connections and 5xx answers until the deadline.
 
@@ -21,9 +21,9 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
-from hooks._contract import Decision
+from signoff.hooks._contract import Decision
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -47,14 +47,21 @@ __all__ = [
     "interpret_submit",
     "make_idempotency_key",
     "settle_request",
+    "transport_failure",
+    "unreachable_reason",
+    "waiting_on",
 ]
 
 DEFAULT_DEADLINE = 3600.0
 """Seconds a call may wait for a decision, all retries included."""
 DEFAULT_POLL_TIMEOUT = 25.0
 """Seconds the server holds one ``/wait`` long-poll open."""
-DEFAULT_SUBMIT_DEADLINE = 30.0
-"""Seconds to keep retrying an unreachable Signoff before a request exists (then deny)."""
+DEFAULT_SUBMIT_DEADLINE = 5.0
+"""Seconds to keep retrying an unreachable Signoff before a request exists (then deny).
+
+A restart with 100,000 pending requests serves again within about 1.3 s (``bench/``), so
+5 s rides out a restart with room to spare, while a stopped server is reported before a
+person watching the agent wonders why it hangs. ``SIGNOFF_SUBMIT_DEADLINE`` changes it."""
 MAX_POLL_TIMEOUT = 60
 SUBMIT_TIMEOUT = 30.0
 """Seconds to wait for the answer to one ``pre-tool-use`` POST."""
@@ -188,11 +195,64 @@ class HttpReply:
     retry_after: float | None = None
 
 
+FailureKind = Literal["refused", "dns", "tls", "timeout", "other"]
+
+
 @dataclass(frozen=True, slots=True)
 class TransportFailure:
     """The exchange failed below HTTP: refused, reset, timed out, protocol error."""
 
     error: str
+    kind: FailureKind = "other"
+
+
+def _kind(exc: BaseException) -> FailureKind:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        module = type(current).__module__
+        if isinstance(current, ConnectionRefusedError):
+            return "refused"
+        if name == "gaierror" or "Name or service not known" in str(current):
+            return "dns"
+        if module == "ssl" or name.startswith("SSL") or "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return "tls"
+        if isinstance(current, TimeoutError) or "Timeout" in name:
+            return "timeout"
+        current = current.__cause__ or current.__context__
+    return "other"
+
+
+def transport_failure(exc: BaseException) -> TransportFailure:
+    """Describe a failed exchange, telling a refused connection, DNS and TLS from a slow server."""
+    text = str(exc)
+    return TransportFailure(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, _kind(exc))
+
+
+def unreachable_reason(url: str, window: float, failure: TransportFailure | None, http_error: str) -> str:
+    """One line for a deny before any request exists: what failed, where, and what to check."""
+    where = f"Signoff at {url}" if url else "Signoff"
+    check = "check that `signoff serve` is running there and that SIGNOFF_URL is right"
+    if failure is None:
+        what = f"{where} kept answering {http_error}" if http_error else f"{where} gave no answer"
+        return f"{what} for {window:g}s; denied (check the server's log and /readyz)"
+    if failure.kind == "refused":
+        return (
+            f"{where} refused the connection (nothing is listening there; retried for {window:g}s); "
+            f"denied — {check}"
+        )
+    if failure.kind == "dns":
+        return f"the host in {url} could not be resolved ({failure.error}); denied — check SIGNOFF_URL"
+    if failure.kind == "tls":
+        return (
+            f"TLS with {where} failed ({failure.error}); denied — check http:// vs https:// in "
+            "SIGNOFF_URL and the server's certificate"
+        )
+    if failure.kind == "timeout":
+        return f"{where} did not answer within {window:g}s (slow or overloaded); denied — check /readyz"
+    return f"{where} could not be reached within {window:g}s ({failure.error}); denied — {check}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,6 +547,13 @@ def wait_path(request_id: str) -> str:
     return f"/v1/requests/{quote(request_id, safe='')}/wait"
 
 
+def waiting_on(call: HttpCall) -> str | None:
+    """The request id a ``/wait`` long-poll is for (``None`` for any other call)."""
+    if call.method == "GET" and call.path.startswith("/v1/requests/") and call.path.endswith("/wait"):
+        return unquote(call.path[len("/v1/requests/") : -len("/wait")])
+    return None
+
+
 def cancel_path(request_id: str) -> str:
     return f"/v1/requests/{quote(request_id, safe='')}/cancel"
 
@@ -513,7 +580,12 @@ def cancel_flow(request_id: str) -> Generator[Step, Outcome, GateDecision]:
 
 
 def gate_flow(
-    call: ToolCall, settings: FlowSettings, clock: Callable[[], float], *, wait: bool = True
+    call: ToolCall,
+    settings: FlowSettings,
+    clock: Callable[[], float],
+    *,
+    wait: bool = True,
+    url: str = "",
 ) -> Generator[Step, Outcome, GateDecision]:
     """Drive one gated call to a decision. See the module docstring for the protocol.
 
@@ -527,16 +599,15 @@ def gate_flow(
 
     # Phase 1: submit (retried with the same idempotency key, so never duplicated).
     attempt = 0
-    last_error = "no attempt made"
+    last_failure: TransportFailure | None = None
+    last_http = ""
     modified: dict[str, Any] | None = None
     submit_window = min(settings.deadline, settings.submit_deadline)
     submit_end = clock() + submit_window
     while True:
         remaining = submit_end - clock()
         if remaining <= 0:
-            return _unavailable(
-                f"Signoff did not answer within {submit_window:g}s (last error: {last_error})"
-            )
+            return _unavailable(unreachable_reason(url, submit_window, last_failure, last_http))
         reply = yield HttpCall("POST", _SUBMIT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
         assert reply is not None
         verdict, modified = interpret_submit(reply)
@@ -546,7 +617,9 @@ def gate_flow(
             pending = verdict
             break
         attempt += 1
-        last_error = verdict.error
+        last_failure, last_http = (
+            (reply, "") if isinstance(reply, TransportFailure) else (None, verdict.error)
+        )
         yield Pause(min(_backoff(settings, attempt, verdict.after), max(0.0, submit_end - clock())))
 
     # Phase 2: long-poll the request by id; re-attach after drops, 5xx and restarts.

@@ -12,8 +12,8 @@ with gated(client, "drop_table", {"table": "users"}) as decision:
     drop_table("users")  # runs only when approved
 ```
 
-The body runs only when Signoff allows. Otherwise :class:`~hooks.client.GateDenied`
-is raised — or :class:`~hooks.client.GateTimeout` / :class:`~hooks.client.GateUnavailable`,
+The body runs only when Signoff allows. Otherwise :class:`~signoff.hooks.client.GateDenied`
+is raised — or :class:`~signoff.hooks.client.GateTimeout` / :class:`~signoff.hooks.client.GateUnavailable`,
 its subclasses, when the client failed closed — so ``except GateDenied`` catches every way
 the call can be refused.
 """
@@ -27,8 +27,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, ParamSpec, TypeVar, cast
 
-from hooks._gate import GateDecision, GateUnavailable
-from hooks.client import AsyncGateClient, GateClient
+from signoff.hooks._gate import GateDecision, GateUnavailable
+from signoff.hooks.client import AsyncGateClient, GateClient
 
 __all__ = ["agated", "gate", "gated"]
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from hooks._contract import (
+from signoff.hooks._contract import (
     Decision,
     HookContext,
     HookResult,

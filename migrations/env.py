@@ -9,8 +9,8 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
-import app.models  # noqa: F401  (registers the tables)
-from app.db import async_url, create_engine
+import signoff.app.models  # noqa: F401  (registers the tables)
+from signoff.app.db import async_url, create_engine
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -19,7 +19,7 @@ target_metadata = SQLModel.metadata
 def _url() -> str:
     url = config.attributes.get("database_url") or os.environ.get("SIGNOFF_DATABASE_URL")
     if not url:
-        from app.settings import Settings
+        from signoff.app.settings import Settings
 
         url = Settings().database_url
     return async_url(str(url))

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-import app.models  # noqa: F401  (column types)
+import signoff.app.models  # noqa: F401  (column types)
 ${imports if imports else ""}
 
 revision: str = ${repr(up_revision)}

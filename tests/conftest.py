@@ -16,12 +16,12 @@ import sqlalchemy as sa
 import uvicorn
 from sqlalchemy.engine import make_url
 
-from app.config import SignoffConfig, parse_config
-from app.db import migrate
-from app.main import create_app
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.fake import FakeChannel
+from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.db import migrate
+from signoff.app.main import create_app
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
 
 PG_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/signoff_test")
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -134,7 +134,7 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 
 def _truncate(url: str) -> None:
-    from app.db import create_engine
+    from signoff.app.db import create_engine
 
     async def run() -> None:
         engine = create_engine(url)
@@ -225,9 +225,9 @@ async def http(server: Server) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def agent_key(runtime: Runtime) -> str:
-    from app.audit import Actor
-    from app.db import transaction
-    from app.keys import create_key
+    from signoff.app.audit import Actor
+    from signoff.app.db import transaction
+    from signoff.app.keys import create_key
 
     async with transaction(runtime.sessions) as session:
         _, token = await create_key(session, "finance-bot", actor=Actor("test"))

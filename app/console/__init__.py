@@ -10,11 +10,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from app.console import auth
-from app.console.auth import CsrfRefused, Keys, SignInRequired
-from app.console.render import STATIC_DIR, page, secured
-from app.console.router import router
-from app.settings import Settings
+from signoff.app.console import auth
+from signoff.app.console.auth import CsrfRefused, Keys, SignInRequired
+from signoff.app.console.render import STATIC_DIR, page, secured
+from signoff.app.console.router import router
+from signoff.app.settings import Settings
 
 __all__ = ["install", "router"]
 

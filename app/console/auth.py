@@ -29,9 +29,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
-from app.config import Operator, SignoffConfig
-from app.console.passwords import verify_password, waste_a_verification
-from app.deps import RuntimeDep
+from signoff.app.config import Operator, SignoffConfig
+from signoff.app.console.passwords import verify_password, waste_a_verification
+from signoff.app.deps import RuntimeDep
 
 __all__ = [
     "COOKIE_PATH",

@@ -5,11 +5,11 @@ from __future__ import annotations
 from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.datastructures import FormData
 
-from app.config import SignoffConfig
-from app.console.auth import Flash, SignedIn
-from app.console.pages import plausible_id
-from app.operators import decide
-from channels import Verdict
+from signoff.app.config import SignoffConfig
+from signoff.app.console.auth import Flash, SignedIn
+from signoff.app.console.pages import plausible_id
+from signoff.app.operators import decide
+from signoff.channels import Verdict
 
 __all__ = ["MAX_REASON", "decide_from_form"]
 

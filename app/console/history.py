@@ -12,13 +12,13 @@ from urllib.parse import urlencode
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import queries
-from app.config import SignoffConfig
-from app.console.format import compact_json, iso
-from app.console.pages import RequestRow, request_rows
-from app.models import Status, utcnow
-from app.queries import RequestFilter
-from app.schemas import RequestOut
+from signoff.app import queries
+from signoff.app.config import SignoffConfig
+from signoff.app.console.format import compact_json, iso
+from signoff.app.console.pages import RequestRow, request_rows
+from signoff.app.models import Status, utcnow
+from signoff.app.queries import RequestFilter
+from signoff.app.schemas import RequestOut
 
 __all__ = ["CSV_COLUMNS", "HistoryQuery", "csv_lines", "jsonl_lines", "parse_history"]
 

@@ -11,14 +11,14 @@ from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import queries
-from app.config import SignoffConfig
-from app.confirmations import get_request, votes_for
-from app.console.format import duration, summarize, time_left
-from app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
-from app.queries import RequestFilter
-from app.schemas import AuditVerifyOut
-from hooks.confirmation_gate import ConfirmationGate
+from signoff.app import queries
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.config import SignoffConfig
+from signoff.app.confirmations import get_request, votes_for
+from signoff.app.console.format import duration, summarize, time_left
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
+from signoff.app.queries import RequestFilter
+from signoff.app.schemas import AuditVerifyOut
 
 __all__ = [
     "AuditView",

@@ -11,7 +11,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.console import format as fmt
+from signoff.app.console import format as fmt
 
 __all__ = ["SECURITY_HEADERS", "STATIC_DIR", "page", "secured"]
 

@@ -12,15 +12,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from sqlmodel import col, select
 
-from app.audit import Actor
-from app.console import auth, pages
-from app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
-from app.console.decisions import decide_from_form
-from app.console.history import csv_lines, history_view, jsonl_lines, parse_history
-from app.console.render import page, secured
-from app.deps import ReadsDep, RuntimeDep, SessionDep
-from app.hook_services import set_switch
-from app.models import Status, Switch, utcnow
+from signoff.app.audit import Actor
+from signoff.app.console import auth, pages
+from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
+from signoff.app.console.decisions import decide_from_form
+from signoff.app.console.history import csv_lines, history_view, jsonl_lines, parse_history
+from signoff.app.console.render import page, secured
+from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep
+from signoff.app.hook_services import set_switch
+from signoff.app.models import Status, Switch, utcnow
 
 __all__ = ["router"]
 

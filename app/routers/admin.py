@@ -10,16 +10,16 @@ from fastapi.responses import JSONResponse
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import queries
-from app.audit import Actor
-from app.confirmations import votes_for
-from app.db import transaction
-from app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
-from app.hook_services import set_switch
-from app.models import Status, Switch
-from app.operators import decide
-from app.queries import RequestFilter
-from app.schemas import (
+from signoff.app import queries
+from signoff.app.audit import Actor
+from signoff.app.confirmations import votes_for
+from signoff.app.db import transaction
+from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
+from signoff.app.hook_services import set_switch
+from signoff.app.models import Status, Switch
+from signoff.app.operators import decide
+from signoff.app.queries import RequestFilter
+from signoff.app.schemas import (
     AdminRequestOut,
     AuditEventOut,
     AuditVerifyOut,
@@ -30,7 +30,7 @@ from app.schemas import (
     SwitchOut,
     Unprocessable,
 )
-from channels import Verdict
+from signoff.channels import Verdict
 
 router = APIRouter(prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep])
 ERRORS: dict[int | str, dict[str, Any]] = {

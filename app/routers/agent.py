@@ -14,16 +14,16 @@ from pydantic import ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.audit import Actor
-from app.confirmations import TERMINAL, get_request, transition, votes_for
-from app.db import transaction
-from app.deps import AgentDep, RuntimeDep, SessionDep
-from app.hook_services import ServerHookServices
-from app.keys import authenticate_cached
-from app.metrics import GATE_CALLS
-from app.models import ConfirmationRequest, Status
-from app.runtime import Runtime
-from app.schemas import (
+from signoff.app.audit import Actor
+from signoff.app.confirmations import TERMINAL, get_request, transition, votes_for
+from signoff.app.db import transaction
+from signoff.app.deps import AgentDep, RuntimeDep, SessionDep
+from signoff.app.hook_services import ServerHookServices
+from signoff.app.keys import authenticate_cached
+from signoff.app.metrics import GATE_CALLS
+from signoff.app.models import ConfirmationRequest, Status
+from signoff.app.runtime import Runtime
+from signoff.app.schemas import (
     DecisionOut,
     PostToolUseIn,
     PostToolUseOut,
@@ -34,7 +34,7 @@ from app.schemas import (
     SessionStartOut,
     Unprocessable,
 )
-from hooks import Decision, HookContext
+from signoff.hooks import Decision, HookContext
 
 router = APIRouter(prefix="/v1", tags=["agent"])
 

@@ -8,12 +8,12 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
-from app import audit
-from app.audit import Actor
-from app.db import transaction
-from app.metrics import CALLBACK_REJECTIONS, reason_label
-from app.runtime import Runtime
-from channels import CallbackRejected, InteractiveChannel
+from signoff.app import audit
+from signoff.app.audit import Actor
+from signoff.app.db import transaction
+from signoff.app.metrics import CALLBACK_REJECTIONS, reason_label
+from signoff.app.runtime import Runtime
+from signoff.channels import CallbackRejected, InteractiveChannel
 
 router = APIRouter(prefix="/callbacks", tags=["callbacks"])
 log = logging.getLogger("signoff.callbacks")

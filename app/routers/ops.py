@@ -8,9 +8,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlmodel import col, select
 
-from app import metrics as m
-from app.deps import RuntimeDep
-from app.models import ConfirmationRequest, Delivery, OutboxStatus, Status
+from signoff.app import metrics as m
+from signoff.app.deps import RuntimeDep
+from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status
 
 router = APIRouter(tags=["ops"])
 

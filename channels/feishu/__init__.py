@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from channels.feishu._card import MAX_ARGUMENTS_CHARS, callback_body, render_card
-from channels.feishu._channel import REPLY_BUDGET, FeishuChannel
-from channels.feishu._config import FeishuConfig
-from channels.feishu._errors import api_error
-from channels.feishu._parse import parse_click
-from channels.feishu._security import (
+from signoff.channels.feishu._card import MAX_ARGUMENTS_CHARS, callback_body, render_card
+from signoff.channels.feishu._channel import REPLY_BUDGET, FeishuChannel
+from signoff.channels.feishu._config import FeishuConfig
+from signoff.channels.feishu._errors import api_error
+from signoff.channels.feishu._parse import parse_click
+from signoff.channels.feishu._security import (
     MAX_BODY_BYTES,
     MAX_CLOCK_SKEW,
     CallbackKind,

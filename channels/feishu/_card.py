@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from channels._contract import Card, Person, Verdict
-from channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD
+from signoff.channels._contract import Card, Person, Verdict
+from signoff.channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD
 
 __all__ = ["MAX_ARGUMENTS_CHARS", "ToastType", "callback_body", "render_card"]
 

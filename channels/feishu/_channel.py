@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import SecretStr
 
-from channels._contract import (
+from signoff.channels._contract import (
     CallbackRejected,
     CallbackReply,
     Card,
@@ -24,16 +24,16 @@ from channels._contract import (
     PermanentDeliveryError,
     RetryableDeliveryError,
 )
-from channels.feishu._card import callback_body, render_card
-from channels.feishu._config import FeishuConfig
-from channels.feishu._errors import TOKEN_INVALID_CODES, api_error
-from channels.feishu._parse import parse_click
-from channels.feishu._security import CallbackKind, classify, verify_callback
-from channels.feishu._ws import LongConnection
+from signoff.channels.feishu._card import callback_body, render_card
+from signoff.channels.feishu._config import FeishuConfig
+from signoff.channels.feishu._errors import TOKEN_INVALID_CODES, api_error
+from signoff.channels.feishu._parse import parse_click
+from signoff.channels.feishu._security import CallbackKind, classify, verify_callback
+from signoff.channels.feishu._ws import LongConnection
 
 __all__ = ["REPLY_BUDGET", "FeishuChannel"]
 
-logger = logging.getLogger("channels.feishu")
+logger = logging.getLogger("signoff.channels.feishu")
 
 REPLY_BUDGET = 2.5
 """Seconds a click may take before the callback is answered anyway (Feishu waits 3 s)."""
@@ -58,7 +58,7 @@ def _message_uuid(request_id: str) -> str:
 class FeishuChannel:
     """Posts approval cards to one Feishu / Lark group chat and receives their clicks.
 
-    Build it with :func:`channels.feishu.create`. lark-oapi is synchronous (its
+    Build it with :func:`signoff.channels.feishu.create`. lark-oapi is synchronous (its
     ``a*`` methods still fetch the tenant token synchronously), so every API call
     runs in a worker thread and never blocks the event loop.
     """

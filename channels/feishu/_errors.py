@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from channels._contract import DeliveryError, PermanentDeliveryError, RetryableDeliveryError
+from signoff.channels._contract import DeliveryError, PermanentDeliveryError, RetryableDeliveryError
 
 __all__ = ["RATE_LIMIT_CODES", "TOKEN_INVALID_CODES", "api_error"]
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from channels._contract import CallbackRejected, Click, Verdict
+from signoff.channels._contract import CallbackRejected, Click, Verdict
 
 __all__ = ["MAX_REASON_CHARS", "REASON_FIELD", "parse_click"]
 

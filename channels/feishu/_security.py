@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from channels._contract import CallbackRejected
+from signoff.channels._contract import CallbackRejected
 
 __all__ = [
     "MAX_BODY_BYTES",

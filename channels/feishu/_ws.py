@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["LongConnection"]
 
-logger = logging.getLogger("channels.feishu")
+logger = logging.getLogger("signoff.channels.feishu")
 
 WsHandle = Callable[[bytes], Awaitable[Mapping[str, Any] | None]]
 _STOP_GRACE = 3.0

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
-from channels.slack._blocks import (
+from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
     ACTION_REJECT,
     REASON_ACTION_ID,
@@ -21,7 +21,7 @@ from channels.slack._blocks import (
     render_card,
     render_reject_modal,
 )
-from channels.slack._payload import (
+from signoff.channels.slack._payload import (
     MAX_BODY_BYTES,
     SIGNATURE_WINDOW_SECONDS,
     click_from_block_actions,
@@ -31,7 +31,7 @@ from channels.slack._payload import (
 )
 
 if TYPE_CHECKING:
-    from channels.slack._channel import SlackChannel
+    from signoff.channels.slack._channel import SlackChannel
 
 __all__ = [
     "ACTION_APPROVE",
@@ -98,7 +98,7 @@ class SlackConfig(BaseModel):
 def create(name: str, config: SlackConfig) -> SlackChannel:
     """Build the channel called ``name``; raises :class:`ImportError` without the ``slack`` extra."""
     try:
-        from channels.slack._channel import SlackChannel
+        from signoff.channels.slack._channel import SlackChannel
     except ImportError as exc:
         raise ImportError(_INSTALL_HINT) from exc
     return SlackChannel(name, config)
@@ -108,7 +108,7 @@ def __getattr__(attr: str) -> object:
     # SlackChannel needs slack-sdk; resolve it on first use so the config model imports without it.
     if attr == "SlackChannel":
         try:
-            from channels.slack._channel import SlackChannel
+            from signoff.channels.slack._channel import SlackChannel
         except ImportError as exc:
             raise ImportError(_INSTALL_HINT) from exc
         return SlackChannel

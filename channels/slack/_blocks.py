@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from channels._contract import Card, Person
+from signoff.channels._contract import Card, Person
 
 __all__ = [
     "ACTION_APPROVE",

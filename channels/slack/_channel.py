@@ -18,7 +18,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels._contract import (
+from signoff.channels._contract import (
     CallbackReply,
     Card,
     Click,
@@ -30,8 +30,8 @@ from channels._contract import (
     RetryableDeliveryError,
     Verdict,
 )
-from channels.slack import SlackConfig
-from channels.slack._blocks import (
+from signoff.channels.slack import SlackConfig
+from signoff.channels.slack._blocks import (
     ACTION_REJECT,
     REASON_BLOCK_ID,
     escape_mrkdwn,
@@ -39,7 +39,7 @@ from channels.slack._blocks import (
     render_card,
     render_reject_modal,
 )
-from channels.slack._payload import (
+from signoff.channels.slack._payload import (
     click_from_block_actions,
     click_from_view_submission,
     lower_headers,

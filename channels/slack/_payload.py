@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels._contract import CallbackRejected, Click, Verdict
-from channels.slack._blocks import (
+from signoff.channels._contract import CallbackRejected, Click, Verdict
+from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
     ACTION_REJECT,
     REASON_ACTION_ID,

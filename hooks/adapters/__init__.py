@@ -2,11 +2,12 @@
 
 Each lives in its own module and imports its framework only when imported itself:
 
-- :mod:`hooks.adapters.claude_code` — the ``signoff hook claude-code`` PreToolUse command hook
+- :mod:`signoff.hooks.adapters.claude_code` — the ``signoff hook claude-code`` PreToolUse command hook
   (no extra dependency);
-- :mod:`hooks.adapters.pydantic_ai` — a Pydantic AI capability (``signoff[pydantic-ai]``);
-- :mod:`hooks.adapters.langchain` — a LangChain v1 agent middleware (``signoff[langchain]``);
-- :mod:`hooks.adapters.openai_agents` — OpenAI Agents SDK approvals (``signoff[openai-agents]``).
+- :mod:`signoff.hooks.adapters.pydantic_ai` — a Pydantic AI capability (``signoff-hooks[pydantic-ai]``);
+- :mod:`signoff.hooks.adapters.langchain` — a LangChain v1 agent middleware (``signoff-hooks[langchain]``);
+- :mod:`signoff.hooks.adapters.openai_agents` — OpenAI Agents SDK approvals
+  (``signoff-hooks[openai-agents]``).
 """
 
 __all__: list[str] = []

@@ -1,13 +1,14 @@
-"""Claude Code ``PreToolUse`` command hook: ``signoff hook claude-code``.
+"""Claude Code ``PreToolUse`` command hook: ``signoff-hook claude-code``.
 
 Reads the hook's JSON on stdin, asks Signoff (waiting for a person when a gate
 matches), and answers on stdout with ``hookSpecificOutput.permissionDecision``.
 
 Claude Code lets a tool call through when a command hook times out, crashes or
-exits with any code but 0 or 2, so this hook keeps an internal deadline below
-the configured hook ``timeout`` and **exits 2 on every error** (Signoff
-unreachable, deadline reached, bad configuration, malformed stdin, a bug):
-exit 2 blocks the call and shows stderr to Claude.
+exits with any code but 0 or 2 (CLI 2.1.332 honours ``onFailure: "block"``;
+2.1.197 ignores it silently), so this hook never relies on Claude Code: it keeps
+an internal deadline below the configured hook ``timeout`` and **exits 2 on every
+error** (Signoff unreachable, deadline reached, bad configuration, malformed
+stdin, a bug, a broken install): exit 2 blocks the call and shows stderr to Claude.
 
 ========================================  =====================================
 Signoff says                              the hook answers
@@ -24,15 +25,22 @@ timeout / unavailable / any error         exit 2, reason on stderr
 Settings (``.claude/settings.json``)::
 
     {"hooks": {"PreToolUse": [{"matcher": "^(Bash|Write|Edit)$|^mcp__",
-      "hooks": [{"type": "command", "command": "signoff",
-                 "args": ["hook", "claude-code", "--timeout", "3600"], "timeout": 3600,
+      "hooks": [{"type": "command", "command": "signoff-hook",
+                 "args": ["claude-code", "--timeout", "3600"], "timeout": 3600,
                  "statusMessage": "Waiting for approval…", "onFailure": "block"}]}]}}
 
 ``--timeout`` must repeat the handler's ``timeout`` (or set ``SIGNOFF_HOOK_TIMEOUT``;
 default 600, Claude Code's default). ``SIGNOFF_URL`` and ``SIGNOFF_API_KEY`` come
-from the environment. The idempotency key is ``claude-code:<session_id>:<tool_use_id>``,
-so a re-fired hook for the same call (``defer`` + ``--resume``) re-attaches to the
-same request, which is why the hook does not cancel it on its deadline.
+from the environment; ``--submit-deadline`` (or ``SIGNOFF_SUBMIT_DEADLINE``, default
+5 s) bounds how long an unreachable Signoff is retried before the call is blocked.
+The idempotency key is ``claude-code:<session_id>:<tool_use_id>``, so a re-fired hook
+for the same call (``defer`` + ``--resume``) re-attaches to the same request, which is
+why the hook does not cancel it on its own deadline. When Claude Code kills the hook
+(``SIGTERM`` at its ``timeout``, or the user interrupting), the hook cancels the
+request it was waiting on, so no card stays open for a call that will not run.
+
+For ``http://`` URLs the hook talks through the standard library (it starts in a few
+milliseconds, see ``bench/``); ``https://`` goes through httpx.
 """
 
 from __future__ import annotations
@@ -40,12 +48,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any, TextIO
 
-from hooks.client import ENV_API_KEY, ENV_URL, GateClient, GateDecision, GateDenied, make_idempotency_key
+from signoff.hooks._base import ENV_API_KEY, ENV_SUBMIT_DEADLINE, ENV_URL, SyncGateClient
+from signoff.hooks._gate import (
+    CANCEL_TIMEOUT,
+    GateDecision,
+    GateDenied,
+    HttpCall,
+    HttpReply,
+    TransportFailure,
+    make_idempotency_key,
+    waiting_on,
+)
 
 __all__ = ["DEFAULT_HOOK_TIMEOUT", "ENV_HOOK_TIMEOUT", "RUNTIME", "build_output", "internal_deadline", "main"]
 
@@ -61,6 +82,39 @@ _METADATA_FIELDS = ("cwd", "permission_mode", "prompt_id", "agent_id", "agent_ty
 
 class _Refused(Exception):
     """Any reason to block the call with exit 2."""
+
+
+class _Stopped(BaseException):
+    """Claude Code stopped the hook (a signal), or the hook's own deadline passed mid-read."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped(f"stopped by {signal.Signals(signum).name}")
+
+
+@contextmanager
+def _signals(budget: float) -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`_Stopped`; and stop at the deadline whatever the
+    server does (a server trickling one byte a second defeats per-read socket timeouts)."""
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
+    signal.setitimer(signal.ITIMER_REAL, budget)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _client(args: argparse.Namespace) -> SyncGateClient:
+    url = args.url if args.url is not None else os.environ.get(ENV_URL, "")
+    if url.strip().startswith("http://"):
+        from signoff.hooks._plain import PlainGateClient
+
+        return PlainGateClient(url=args.url, runtime=RUNTIME, submit_deadline=args.submit_deadline)
+    from signoff.hooks.client import GateClient
+
+    return GateClient(url=args.url, runtime=RUNTIME, submit_deadline=args.submit_deadline)
 
 
 def internal_deadline(hook_timeout: float) -> float:
@@ -120,7 +174,7 @@ def build_output(decision: GateDecision, *, allow_unmatched: bool = False) -> di
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="signoff hook claude-code",
+        prog="signoff-hook claude-code",
         description="Claude Code PreToolUse command hook: ask Signoff before a tool runs.",
     )
     parser.add_argument(
@@ -134,6 +188,12 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--url", default=None, help=f"Signoff's URL (default ${ENV_URL}; the key is ${ENV_API_KEY})"
+    )
+    parser.add_argument(
+        "--submit-deadline",
+        type=float,
+        default=None,
+        help=f"seconds to retry an unreachable Signoff before blocking (default ${ENV_SUBMIT_DEADLINE} or 5)",
     )
     parser.add_argument(
         "--user-id", default=None, help="who runs Claude Code (approvers cannot be the requester)"
@@ -164,11 +224,36 @@ def _budget(args: argparse.Namespace) -> float:
     return float(args.deadline)
 
 
-def _ask(data: dict[str, Any], client: GateClient, deadline: float, user_id: str | None) -> GateDecision:
+class _Watch:
+    """Sends through the client and remembers the request being waited on."""
+
+    def __init__(self, client: SyncGateClient) -> None:
+        self.client = client
+        self.request_id: str | None = None
+
+    def __call__(self, call: HttpCall) -> HttpReply | TransportFailure:
+        self.request_id = waiting_on(call) or self.request_id
+        return self.client._exchange(call)
+
+    def cancel(self, stderr: TextIO) -> None:
+        """Withdraw the request when the hook is stopped while waiting (best effort, bounded)."""
+        if self.request_id is None:
+            return
+        signal.setitimer(signal.ITIMER_REAL, CANCEL_TIMEOUT)
+        try:
+            outcome = self.client.cancel(self.request_id)
+            stderr.write(f"Signoff request {self.request_id}: {outcome.reason}\n")
+        except BaseException:
+            pass  # a second signal or the bound: the request expires on the server instead
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _ask(data: dict[str, Any], watch: _Watch, deadline: float, user_id: str | None) -> GateDecision:
     session_id, tool_use_id = data.get("session_id"), data.get("tool_use_id")
     metadata: dict[str, Any] = {"runtime": RUNTIME}
     metadata.update({k: data[k] for k in _METADATA_FIELDS if isinstance(data.get(k), str)})
-    return client.pre_tool_use(
+    return watch.client.pre_tool_use(
         data["tool_name"],
         data["tool_input"],
         session_id=session_id,
@@ -177,6 +262,7 @@ def _ask(data: dict[str, Any], client: GateClient, deadline: float, user_id: str
         metadata=metadata,
         idempotency_key=make_idempotency_key(RUNTIME, session_id, tool_use_id),
         deadline=deadline,
+        exchange=watch,
     )
 
 
@@ -186,7 +272,7 @@ def main(
     stdout: TextIO | None = None,
     *,
     stderr: TextIO | None = None,
-    client: GateClient | None = None,
+    client: SyncGateClient | None = None,
 ) -> int:
     """Run the hook once. Returns the exit code: 0 with a JSON answer, or 2 to block.
 
@@ -196,20 +282,28 @@ def main(
     stdin = stdin if stdin is not None else sys.stdin
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
-    owned: GateClient | None = None
+    owned: SyncGateClient | None = None
+    watch: _Watch | None = None
     try:
         try:
             args = _arguments(argv)
         except SystemExit as exc:  # argparse: --help exits 0, usage errors exit 2
             return 0 if exc.code == 0 else EXIT_BLOCK
         budget = _budget(args)
-        data = _parse_input(stdin.read(MAX_INPUT + 1))
-        if client is None:
-            client = owned = GateClient(url=args.url, runtime=RUNTIME)
-        remaining = budget - (time.monotonic() - started)
-        if remaining <= 0:
-            raise _Refused("no time left to ask Signoff")
-        decision = _ask(data, client, remaining, args.user_id)
+        with _signals(budget + 1.0):
+            try:
+                data = _parse_input(stdin.read(MAX_INPUT + 1))
+                if client is None:
+                    client = owned = _client(args)
+                watch = _Watch(client)
+                remaining = budget - (time.monotonic() - started)
+                if remaining <= 0:
+                    raise _Refused("no time left to ask Signoff")
+                decision = _ask(data, watch, remaining, args.user_id)
+            except _Stopped:
+                if watch is not None:
+                    watch.cancel(stderr)
+                raise
         output = build_output(decision, allow_unmatched=args.allow_unmatched)
         if output is None:
             raise _Refused(decision.reason or "Signoff gave no decision")
@@ -217,7 +311,8 @@ def main(
         stdout.flush()
         return 0
     except BaseException as exc:  # every failure, even Ctrl-C, must block the call
-        reason = str(exc) if isinstance(exc, _Refused | GateDenied) else f"{type(exc).__name__}: {exc}"
+        known = isinstance(exc, _Refused | GateDenied | _Stopped)
+        reason = str(exc) if known else f"{type(exc).__name__}: {exc}"
         try:
             stderr.write(f"Blocked by the Signoff approval hook: {reason}\n")
             stderr.flush()

@@ -2,8 +2,8 @@
 
 ```python
 from langchain.agents import create_agent
-from hooks.adapters.langchain import SignoffMiddleware
-from hooks.client import GateClient
+from signoff.hooks.adapters.langchain import SignoffMiddleware
+from signoff.hooks.client import GateClient
 
 agent = create_agent(model, tools, middleware=[SignoffMiddleware(GateClient(), tools=["pay_invoice"])])
 ```
@@ -21,7 +21,7 @@ Without a ``thread_id`` each call gets a fresh key.
 
 Use a :class:`GateClient` for ``invoke``/``stream``; for ``ainvoke``/``astream`` an
 :class:`AsyncGateClient` (a sync client also works there, in a worker thread).
-Requires ``pip install 'signoff[langchain]'``.
+Requires ``pip install 'signoff-hooks[langchain]'``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ try:
     from langchain_core.messages import ToolMessage
     from langgraph.types import Command
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("hooks.adapters.langchain needs LangChain: pip install 'signoff[langchain]'") from exc
+    raise ImportError(
+        "signoff.hooks.adapters.langchain needs LangChain: pip install 'signoff-hooks[langchain]'"
+    ) from exc
 
-from hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
+from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
 
 __all__ = ["RUNTIME", "SignoffMiddleware"]
 

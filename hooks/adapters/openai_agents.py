@@ -2,8 +2,8 @@
 
 ```python
 from agents import Agent, function_tool
-from hooks.adapters.openai_agents import SignoffApprovals
-from hooks.client import AsyncGateClient
+from signoff.hooks.adapters.openai_agents import SignoffApprovals
+from signoff.hooks.client import AsyncGateClient
 
 signoff = SignoffApprovals(AsyncGateClient(), session_id=conversation_id)
 
@@ -26,7 +26,7 @@ The idempotency key is ``openai-agents:<session_id>:<call_id>``; ``needs_approva
 ``resolve`` use the same one, so the request created up front is the one waited on.
 Pass a stable ``session_id`` (the conversation id) when a ``RunState`` may be resumed
 in another process; the default is random per :class:`SignoffApprovals`.
-Requires ``pip install 'signoff[openai-agents]'``.
+Requires ``pip install 'signoff-hooks[openai-agents]'``.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ try:
     from agents.items import ToolApprovalItem
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "hooks.adapters.openai_agents needs the OpenAI Agents SDK: pip install 'signoff[openai-agents]'"
+        "signoff.hooks.adapters.openai_agents needs the OpenAI Agents SDK: "
+        "pip install 'signoff-hooks[openai-agents]'"
     ) from exc
 
-from hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure
+from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure
 
 __all__ = ["RUNTIME", "NeedsApproval", "SignoffApprovals"]
 

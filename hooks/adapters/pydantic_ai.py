@@ -1,8 +1,8 @@
 """Pydantic AI: gate tool calls through Signoff as deferred tool approvals.
 
 ```python
-from hooks.adapters.pydantic_ai import SignoffApprovals
-from hooks.client import AsyncGateClient
+from signoff.hooks.adapters.pydantic_ai import SignoffApprovals
+from signoff.hooks.client import AsyncGateClient
 
 agent = Agent(model, capabilities=[SignoffApprovals(AsyncGateClient(), tools=["pay_invoice"])])
 ```
@@ -21,7 +21,7 @@ earlier capability, or the application's ``deferred_tool_results``) is checked w
 Signoff inline and skipped with the denial as its result if Signoff does not allow it.
 
 The idempotency key is ``pydantic-ai:<conversation_id or run_id>:<tool_call_id>``.
-Requires ``pip install 'signoff[pydantic-ai]'``.
+Requires ``pip install 'signoff-hooks[pydantic-ai]'``.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ try:
     from pydantic_ai.messages import ToolCallPart
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "hooks.adapters.pydantic_ai needs Pydantic AI: pip install 'signoff[pydantic-ai]'"
+        "signoff.hooks.adapters.pydantic_ai needs Pydantic AI: pip install 'signoff-hooks[pydantic-ai]'"
     ) from exc
 
-from hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
+from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
 
 __all__ = ["RUNTIME", "SignoffApprovals"]
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-import app.models
+import signoff.app.models
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -26,8 +26,8 @@ def upgrade() -> None:
         sa.Column("id", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
         sa.Column("agent_id", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),
         sa.Column("key_hash", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("created_at", app.models.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("revoked_at", app.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("revoked_at", signoff.app.models.UTCDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_agent_key")),
         sa.UniqueConstraint("key_hash", name=op.f("uq_agent_key_key_hash")),
     )
@@ -43,7 +43,7 @@ def upgrade() -> None:
         sa.Column("actor_id", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("actor_name", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("detail", sa.JSON(), nullable=False),
-        sa.Column("created_at", app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("prev_hash", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
         sa.Column("hash", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
         sa.PrimaryKeyConstraint("seq", name=op.f("pk_audit_event")),
@@ -75,9 +75,9 @@ def upgrade() -> None:
         sa.Column("requester", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("reason", sqlmodel.sql.sqltypes.AutoString(), nullable=True),
-        sa.Column("created_at", app.models.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("expires_at", app.models.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("decided_at", app.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("decided_at", signoff.app.models.UTCDateTime(timezone=True), nullable=True),
         sa.Column("decided_by_channel", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("decided_by_user_id", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("decided_by_name", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
@@ -98,12 +98,12 @@ def upgrade() -> None:
         sa.Column("kind", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
-        sa.Column("next_attempt_at", app.models.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("leased_until", app.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("next_attempt_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("leased_until", signoff.app.models.UTCDateTime(timezone=True), nullable=True),
         sa.Column("last_error", sqlmodel.sql.sqltypes.AutoString(), nullable=True),
         sa.Column("message_ref", sa.JSON(), nullable=True),
-        sa.Column("created_at", app.models.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("sent_at", app.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("sent_at", signoff.app.models.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["request_id"],
             ["confirmation_request.id"],
@@ -129,7 +129,7 @@ def upgrade() -> None:
         sa.Column("email", sqlmodel.sql.sqltypes.AutoString(length=320), nullable=True),
         sa.Column("reason", sqlmodel.sql.sqltypes.AutoString(), nullable=True),
         sa.Column("identity", sa.JSON(), nullable=False),
-        sa.Column("created_at", app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["request_id"], ["confirmation_request.id"], name=op.f("fk_vote_request_id_confirmation_request")
         ),

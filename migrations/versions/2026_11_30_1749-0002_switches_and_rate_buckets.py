@@ -11,7 +11,7 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-import app.models
+import signoff.app.models
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -25,14 +25,14 @@ def upgrade() -> None:
         "rate_bucket",
         sa.Column("key", sqlmodel.sql.sqltypes.AutoString(length=500), nullable=False),
         sa.Column("tokens", sa.Float(), nullable=False),
-        sa.Column("updated_at", app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("key", name=op.f("pk_rate_bucket")),
     )
     op.create_table(
         "switch",
         sa.Column("name", sqlmodel.sql.sqltypes.AutoString(length=100), nullable=False),
         sa.Column("on", sa.Boolean(), nullable=False),
-        sa.Column("updated_at", app.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", signoff.app.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("updated_by", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.Column("reason", sqlmodel.sql.sqltypes.AutoString(), nullable=True),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_switch")),

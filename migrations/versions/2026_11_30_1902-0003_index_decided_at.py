@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-import app.models  # noqa: F401  (column types)
+import signoff.app.models  # noqa: F401  (column types)
 
 revision: str = "0003"
 down_revision: str | None = "0002"

@@ -8,13 +8,13 @@ from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import audit
-from app.audit import Actor
-from app.config import SignoffConfig
-from app.intake import Approvals
-from app.models import ConfirmationRequest, Delivery, Status, utcnow
-from hooks import HookContext
-from hooks.confirmation_gate import ConfirmationGate
+from signoff.app import audit
+from signoff.app.audit import Actor
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.config import SignoffConfig
+from signoff.app.intake import Approvals
+from signoff.app.models import ConfirmationRequest, Delivery, Status, utcnow
+from signoff.hooks import HookContext
 
 
 async def make_request(

@@ -14,17 +14,17 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, SecretStr
 from sqlmodel import col
 
-from app.audit import Actor
-from app.channel_types import CHANNEL_TYPES, ChannelType
-from app.config import SignoffConfig, parse_config
-from app.db import transaction
-from app.intake import Approvals
-from app.keys import create_key
-from app.models import AuditEvent, utcnow
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.fake import FakeChannel
-from hooks import HookContext
+from signoff.app.audit import Actor
+from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
+from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.db import transaction
+from signoff.app.intake import Approvals
+from signoff.app.keys import create_key
+from signoff.app.models import AuditEvent, utcnow
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
+from signoff.hooks import HookContext
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 
 VAULT_SECRET = "hunter2-the-vault-password"

@@ -8,12 +8,12 @@ import time
 import httpx
 import pytest
 
-from app.audit import Actor
-from app.db import transaction
-from app.keys import revoke_keys
-from app.operators import decide
-from app.runtime import Runtime
-from channels import Verdict
+from signoff.app.audit import Actor
+from signoff.app.db import transaction
+from signoff.app.keys import revoke_keys
+from signoff.app.operators import decide
+from signoff.app.runtime import Runtime
+from signoff.channels import Verdict
 
 
 def auth(key: str) -> dict[str, str]:
@@ -153,7 +153,7 @@ async def test_keys_are_checked(http: httpx.AsyncClient, agent_key: str, runtime
 async def test_an_agent_sees_only_its_own_requests(
     http: httpx.AsyncClient, agent_key: str, runtime: Runtime
 ) -> None:
-    from app.keys import create_key
+    from signoff.app.keys import create_key
 
     rid = (await gate(http, agent_key, tool_name="pay_x", arguments={"amount": 90000})).json()["request_id"]
     async with transaction(runtime.sessions) as s:
@@ -169,7 +169,7 @@ async def test_an_agent_sees_only_its_own_requests(
 
 
 async def test_unconfigured_agent_is_denied(http: httpx.AsyncClient, runtime: Runtime) -> None:
-    from app.keys import create_key
+    from signoff.app.keys import create_key
 
     async with transaction(runtime.sessions) as s:
         _, key = await create_key(s, "ghost", actor=Actor("test"))

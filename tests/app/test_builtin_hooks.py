@@ -7,11 +7,11 @@ import httpx
 import pytest
 from sqlmodel import col, select
 
-from app.config import SignoffConfig, parse_config
-from app.models import AuditEvent
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.fake import FakeChannel
+from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.models import AuditEvent
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
 from tests.conftest import Server
 
 HOOKS = [
@@ -143,9 +143,9 @@ async def test_session_start_adds_context_in_priority_order(http: httpx.AsyncCli
 async def test_unconfigured_agents_are_denied_at_every_hook_point(
     http: httpx.AsyncClient, runtime: Runtime
 ) -> None:
-    from app.audit import Actor
-    from app.db import transaction
-    from app.keys import create_key
+    from signoff.app.audit import Actor
+    from signoff.app.db import transaction
+    from signoff.app.keys import create_key
 
     async with transaction(runtime.sessions) as s:
         _, key = await create_key(s, "ghost", actor=Actor("test"))

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import parse_config
-from app.db import create_engine, migrate, sessionmaker, transaction
-from app.keys import authenticate
-from app.models import ConfirmationRequest
+from signoff.app.config import parse_config
+from signoff.app.db import create_engine, migrate, sessionmaker, transaction
+from signoff.app.keys import authenticate
+from signoff.app.models import ConfirmationRequest
 from tests.app.factories import make_request
 from tests.conftest import DEFAULT_CONFIG
 
@@ -311,14 +311,73 @@ def test_quorum_two_through_the_cli(cli: Cli) -> None:
     assert cli.row(rid).status == "approved"
 
 
-@pytest.mark.parametrize("operator", [None, "mallory", "carol"], ids=["default", "stranger", "not-listed"])
-def test_requests_approve_by_someone_not_an_approver(cli: Cli, operator: str | None) -> None:
+@pytest.mark.parametrize("operator", ["mallory", "carol"], ids=["stranger", "not-listed"])
+def test_requests_approve_by_someone_not_an_approver(cli: Cli, operator: str) -> None:
     rid = cli.request()
-    args = ["requests", "approve", rid] + (["--as", operator] if operator else [])
-    refused = cli(*args)
+    refused = cli("requests", "approve", rid, "--as", operator)
     assert refused.returncode == 1
     assert "not an approver" in refused.stderr
     assert cli.row(rid).status == "pending"
+
+
+@pytest.mark.parametrize("verdict", ["approve", "reject"])
+@pytest.mark.parametrize("as_", [None, "", "  "], ids=["missing", "empty", "blank"])
+def test_a_decision_without_as_says_so_and_lists_the_approvers(
+    cli: Cli, verdict: str, as_: str | None
+) -> None:
+    rid = cli.request()
+    done = cli("requests", verdict, rid, "--reason", "r", *(["--as", as_] if as_ is not None else []))
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"error: say who decides: `signoff requests {verdict} {rid} --as NAME` "
+        "(approvers of this request: alice, bob)\n"
+    )
+    assert cli.row(rid).status == "pending"
+
+
+def test_a_decision_without_a_configuration_names_signoff_config(cli: Cli) -> None:
+    rid = cli.request()
+    del cli.env["SIGNOFF_CONFIG"]
+    done = cli("requests", "approve", rid, "--as", "alice")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith("error: SIGNOFF_CONFIG is not set")
+    assert "set SIGNOFF_CONFIG=" in done.stderr
+    assert cli.row(rid).status == "pending"
+
+
+def test_a_database_without_tables_names_db_upgrade(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)  # the file does not exist: nothing migrated it
+    for args in (["keys", "create", "finance-bot"], ["requests", "list"], ["audit", "verify"]):
+        done = cli(*args)
+        assert done.returncode == 1, args
+        assert done.stdout == ""
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "has no Signoff tables yet: run `signoff db upgrade`" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_an_unreachable_database_is_one_line_without_the_password(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    cli.env["SIGNOFF_DATABASE_URL"] = "postgresql://signoff:hunter2@127.0.0.1:9/signoff"
+    for args in (["keys", "create", "finance-bot"], ["db", "upgrade"], ["requests", "list"]):
+        done = cli(*args)
+        assert done.returncode == 1, args
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(
+            "error: cannot reach the database at postgresql://signoff:***@127.0.0.1:9/"
+        )
+        assert "check SIGNOFF_DATABASE_URL" in done.stderr
+        assert "hunter2" not in done.stderr
+
+
+def test_signoff_debug_adds_the_traceback(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    cli.env["SIGNOFF_DEBUG"] = "1"
+    done = cli("keys", "create", "finance-bot")
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1].startswith("error: the database at ")
 
 
 def test_the_requester_cannot_approve_through_the_cli(cli: Cli) -> None:
@@ -337,7 +396,7 @@ def test_unknown_request_id(cli: Cli, command: str) -> None:
     done = cli(*args)
     assert done.returncode == 1
     assert done.stdout == ""
-    assert done.stderr.strip() == "error: no request no-such-request"
+    assert done.stderr == "error: no request no-such-request (see `signoff requests list`)\n"
 
 
 def test_decisions_refuse_an_invalid_configuration(cli: Cli) -> None:

@@ -14,11 +14,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, SecretStr
 from typer.testing import CliRunner
 
-from app.channel_types import CHANNEL_TYPES, ChannelType
-from app.cli import app as cli_app
-from app.config import ConfigError, SignoffConfig, load_config, parse_config
-from channels.fake import FakeChannel
-from hooks import HookContext
+from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
+from signoff.app.cli import app as cli_app
+from signoff.app.config import ConfigError, SignoffConfig, load_config, parse_config
+from signoff.channels.fake import FakeChannel
+from signoff.hooks import HookContext
 from tests.conftest import DEFAULT_CONFIG
 
 SIGNOFF = Path(sys.executable).with_name("signoff")

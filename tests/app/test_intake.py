@@ -11,14 +11,14 @@ import sqlalchemy as sa
 from sqlmodel import col, func, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import intake
-from app.audit import verify_chain
-from app.db import transaction
-from app.intake import Approvals, NewRequest
-from app.models import AuditEvent, ConfirmationRequest, Delivery
-from app.runtime import Runtime
-from hooks import Decision, HookContext, HookResult
-from hooks.confirmation_gate import ConfirmationGate
+from signoff.app import intake
+from signoff.app.audit import verify_chain
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.db import transaction
+from signoff.app.intake import Approvals, NewRequest
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery
+from signoff.app.runtime import Runtime
+from signoff.hooks import Decision, HookContext, HookResult
 
 
 @pytest.fixture

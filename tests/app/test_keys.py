@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.audit import Actor
-from app.db import transaction
-from app.keys import KeyCache, authenticate_cached, create_key, revoke_keys
-from app.runtime import Runtime
+from signoff.app.audit import Actor
+from signoff.app.db import transaction
+from signoff.app.keys import KeyCache, authenticate_cached, create_key, revoke_keys
+from signoff.app.runtime import Runtime
 
 
 class CountingSessions:

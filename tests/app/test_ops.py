@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from app.config import SignoffConfig
-from app.logs import JsonFormatter, request_id
-from app.metrics import reason_label
-from app.runtime import Runtime
-from app.settings import Settings
+from signoff.app.config import SignoffConfig
+from signoff.app.logs import JsonFormatter, request_id
+from signoff.app.metrics import reason_label
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
 from tests.conftest import ADMIN_TOKEN, Server
 
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")

@@ -7,14 +7,14 @@ from datetime import timedelta
 
 from sqlmodel import col, select
 
-from app.audit import Actor
-from app.confirmations import Voter, cast_vote, get_request, transition
-from app.db import transaction
-from app.models import Delivery, OutboxStatus, Status, utcnow
-from app.outbox import Dispatcher, backoff
-from app.runtime import Runtime
-from channels import PermanentDeliveryError, RetryableDeliveryError, Verdict
-from channels.fake import FakeChannel
+from signoff.app.audit import Actor
+from signoff.app.confirmations import Voter, cast_vote, get_request, transition
+from signoff.app.db import transaction
+from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
+from signoff.app.outbox import Dispatcher, backoff
+from signoff.app.runtime import Runtime
+from signoff.channels import PermanentDeliveryError, RetryableDeliveryError, Verdict
+from signoff.channels.fake import FakeChannel
 from tests.app.factories import make_request
 
 

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 from sqlmodel import col, select
 
-from app.audit import Actor
-from app.confirmations import Voter, cast_vote, expire_overdue, transition
-from app.db import transaction
-from app.models import AuditEvent, ConfirmationRequest, Status, utcnow
-from app.runtime import Runtime
-from channels import Verdict
+from signoff.app.audit import Actor
+from signoff.app.confirmations import Voter, cast_vote, expire_overdue, transition
+from signoff.app.db import transaction
+from signoff.app.models import AuditEvent, ConfirmationRequest, Status, utcnow
+from signoff.app.runtime import Runtime
+from signoff.channels import Verdict
 from tests.app.factories import make_request
 
 N = 50

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from sqlmodel import col, select
 
-from app.audit import Actor
-from app.db import create_engine, sessionmaker, transaction
-from app.keys import create_key
-from app.models import AuditEvent
+from signoff.app.audit import Actor
+from signoff.app.db import create_engine, sessionmaker, transaction
+from signoff.app.keys import create_key
+from signoff.app.models import AuditEvent
 from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
 from tests.channels.slack_support import SECRET
 from tests.conftest import ADMIN_TOKEN, _truncate, free_port
@@ -68,7 +68,7 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
 def replica(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--no-migrate"],
+            [sys.executable, "-m", "signoff.app.cli", "serve", "--port", str(port), "--no-migrate"],
             env=env,
             cwd=ROOT,
             stdout=out,

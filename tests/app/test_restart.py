@@ -6,10 +6,10 @@ import asyncio
 
 import httpx
 
-from app.config import SignoffConfig
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.fake import FakeChannel
+from signoff.app.config import SignoffConfig
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
 from tests.conftest import Server
 
 
@@ -111,9 +111,9 @@ async def test_a_decision_in_another_process_reaches_the_waiter(
                 http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=auth(agent_key))
             )
             await asyncio.sleep(0.2)
-            from app.db import transaction
-            from app.operators import decide
-            from channels import Verdict
+            from signoff.app.db import transaction
+            from signoff.app.operators import decide
+            from signoff.channels import Verdict
 
             async with transaction(other.sessions) as s:
                 await decide(s, rid, verdict=Verdict.APPROVE, operator="bob", config=config)

@@ -8,12 +8,12 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import col, select
 
-from app.audit import Actor, verify_chain
-from app.confirmations import ALLOWED_TRANSITIONS, TERMINAL, Voter, cast_vote, get_request, transition
-from app.db import transaction
-from app.models import AuditEvent, Delivery, Status
-from app.runtime import Runtime
-from channels import Verdict
+from signoff.app.audit import Actor, verify_chain
+from signoff.app.confirmations import ALLOWED_TRANSITIONS, TERMINAL, Voter, cast_vote, get_request, transition
+from signoff.app.db import transaction
+from signoff.app.models import AuditEvent, Delivery, Status
+from signoff.app.runtime import Runtime
+from signoff.channels import Verdict
 from tests.app.factories import make_request, make_row
 
 PAIRS = list(itertools.product(list(Status), [s for s in Status if s is not Status.PENDING]))

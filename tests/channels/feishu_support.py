@@ -16,8 +16,8 @@ from typing import Any
 
 from Crypto.Cipher import AES
 
-from channels import Card, Click, ClickOutcome, Person
-from channels.feishu import FeishuChannel, FeishuConfig, create
+from signoff.channels import Card, Click, ClickOutcome, Person
+from signoff.channels.feishu import FeishuChannel, FeishuConfig, create
 from tests.channels.feishu_fake import FakeFeishu
 
 FIXTURES = Path(__file__).parent / "fixtures" / "feishu"

@@ -12,9 +12,9 @@ from urllib.parse import quote
 
 from slack_sdk.signature import SignatureVerifier
 
-from channels import Card, Click, ClickOutcome, Person
-from channels.slack import ACTION_APPROVE, ACTION_REJECT, REASON_ACTION_ID, REASON_BLOCK_ID
-from channels.slack import REJECT_MODAL_CALLBACK_ID as MODAL_ID
+from signoff.channels import Card, Click, ClickOutcome, Person
+from signoff.channels.slack import ACTION_APPROVE, ACTION_REJECT, REASON_ACTION_ID, REASON_BLOCK_ID
+from signoff.channels.slack import REJECT_MODAL_CALLBACK_ID as MODAL_ID
 from tests.channels.fake_slack import CHANNEL
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slack"
@@ -120,7 +120,7 @@ def refuse(message: str) -> Callable[[Click], ClickOutcome]:
 
 
 class RecordingHandler:
-    """A :class:`channels.ClickHandler` that records what the channel asked of the server."""
+    """A :class:`signoff.channels.ClickHandler` that records what the channel asked of the server."""
 
     def __init__(self, decide: Callable[[Click], ClickOutcome] = accept) -> None:
         self.clicks: list[tuple[str, Click]] = []

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from channels import CallbackRejected, InteractiveChannel, Verdict
-from channels.feishu import (
+from signoff.channels import CallbackRejected, InteractiveChannel, Verdict
+from signoff.channels.feishu import (
     MAX_ARGUMENTS_CHARS,
     CallbackKind,
     FeishuChannel,
@@ -114,7 +114,7 @@ def test_import_works_without_lark_oapi_and_create_names_the_extra() -> None:
     script = """
 import sys
 sys.modules["lark_oapi"] = None
-import channels.feishu as feishu
+import signoff.channels.feishu as feishu
 config = feishu.FeishuConfig(type="feishu", app_id="a", app_secret="s", verification_token="t", chat_id="c")
 try:
     feishu.create("x", config)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from channels import PermanentDeliveryError, RetryableDeliveryError
-from channels.feishu import FeishuChannel, api_error, render_card
+from signoff.channels import PermanentDeliveryError, RetryableDeliveryError
+from signoff.channels.feishu import FeishuChannel, api_error, render_card
 from tests.channels.feishu_fake import MESSAGES_PATH, TOKEN_PATH, USERS_PATH, FakeFeishu
 from tests.channels.feishu_support import (
     CHAT,

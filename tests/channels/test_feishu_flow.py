@@ -13,10 +13,10 @@ import httpx
 import pytest
 from sqlmodel import col, select
 
-from app.config import parse_config
-from app.models import AuditEvent, Vote
-from app.runtime import Runtime
-from app.settings import Settings
+from signoff.app.config import parse_config
+from signoff.app.models import AuditEvent, Vote
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
 from tests.channels.feishu_fake import MESSAGES_PATH, FakeFeishu
 from tests.channels.feishu_support import (
     CHAT,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from channels.feishu import FeishuChannel
+from signoff.channels.feishu import FeishuChannel
 from tests.channels.feishu_fake import FakeFeishu, FakeLongConnection, ack_data
 from tests.channels.feishu_support import RecordingHandler, buttons, card_action, fixture, make_channel
 from tests.waiting import eventually
@@ -139,7 +139,7 @@ async def test_refused_credentials_are_logged_and_close_cleanly(
     channel = ws_channel(fake)
     fake.apps[channel.config.app_id] = "rotated"
     fake.ws_url = "ws://127.0.0.1:9/ws"
-    with caplog.at_level(logging.ERROR, logger="channels.feishu"):
+    with caplog.at_level(logging.ERROR, logger="signoff.channels.feishu"):
         await channel.start(RecordingHandler())
         await eventually(lambda: "long connection refused" in caplog.text)
         await channel.aclose()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from channels import (
+from signoff.channels import (
     CallbackRejected,
     CallbackReply,
     InteractiveChannel,
@@ -22,7 +22,7 @@ from channels import (
     RetryableDeliveryError,
     Verdict,
 )
-from channels.slack import (
+from signoff.channels.slack import (
     REASON_BLOCK_ID,
     REJECT_MODAL_CALLBACK_ID,
     SlackChannel,
@@ -30,7 +30,7 @@ from channels.slack import (
     create,
     render_card,
 )
-from channels.slack import _channel as slack_channel_module
+from signoff.channels.slack import _channel as slack_channel_module
 from tests.channels.fake_slack import APP_TOKEN, CHANNEL, FakeSlack, Scripted
 from tests.channels.slack_support import (
     NOW,
@@ -109,7 +109,7 @@ def test_config_imports_without_slack_sdk() -> None:
     code = """
 import sys
 sys.modules["slack_sdk"] = None  # what an install without the slack extra looks like
-import channels.slack as slack
+import signoff.channels.slack as slack
 config = slack.SlackConfig(type="slack", bot_token="xoxb-1", signing_secret="s", channel="C1")
 slack.render_card  # the pure functions are usable too
 try:

@@ -12,9 +12,15 @@ import pytest
 from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
-from channels import Person
-from channels.slack import ACTION_APPROVE, ACTION_REJECT, REASON_BLOCK_ID, render_card, render_reject_modal
-from channels.slack._blocks import reason_required_by
+from signoff.channels import Person
+from signoff.channels.slack import (
+    ACTION_APPROVE,
+    ACTION_REJECT,
+    REASON_BLOCK_ID,
+    render_card,
+    render_reject_modal,
+)
+from signoff.channels.slack._blocks import reason_required_by
 from tests.channels.slack_support import NOW, card, decided
 
 

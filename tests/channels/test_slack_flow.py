@@ -13,11 +13,11 @@ import httpx
 import pytest
 from sqlmodel import col, select
 
-from app.config import parse_config
-from app.models import AuditEvent, Vote
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.slack import ACTION_APPROVE, ACTION_REJECT
+from signoff.app.config import parse_config
+from signoff.app.models import AuditEvent, Vote
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.slack import ACTION_APPROVE, ACTION_REJECT
 from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
 from tests.channels.slack_support import (
     SECRET,

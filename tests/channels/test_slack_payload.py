@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from starlette.datastructures import Headers
 
-from channels import CallbackRejected, Click, Verdict
-from channels.slack import (
+from signoff.channels import CallbackRejected, Click, Verdict
+from signoff.channels.slack import (
     MAX_BODY_BYTES,
     click_from_block_actions,
     click_from_view_submission,

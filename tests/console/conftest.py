@@ -12,15 +12,15 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from app.audit import Actor
-from app.channel_types import CHANNEL_TYPES, ChannelType
-from app.config import SignoffConfig, parse_config
-from app.console.passwords import hash_password
-from app.db import transaction
-from app.keys import create_key
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.fake import FakeChannel
+from signoff.app.audit import Actor
+from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
+from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.console.passwords import hash_password
+from signoff.app.db import transaction
+from signoff.app.keys import create_key
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 
 SESSION_SECRET = "console-test-session-secret-0123456789"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from app.config import Operator
-from app.console.auth import ConsoleSession, Keys, fingerprint, safe_next
-from app.console.passwords import hash_password, verify_password
-from app.settings import Settings
+from signoff.app.config import Operator
+from signoff.app.console.auth import ConsoleSession, Keys, fingerprint, safe_next
+from signoff.app.console.passwords import hash_password, verify_password
+from signoff.app.settings import Settings
 
 SIGNOFF = Path(sys.executable).with_name("signoff")
 

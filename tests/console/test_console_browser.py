@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.fake import FakeChannel
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
 from tests.conftest import ADMIN_TOKEN, Server
 from tests.console.conftest import PASSWORDS, SESSION_SECRET, Agent
 

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.console.auth import SESSION_COOKIE
-from app.db import transaction
-from app.models import AuditEvent, ConfirmationRequest, Delivery, Vote, utcnow
-from app.runtime import Runtime
-from app.settings import Settings
-from channels.fake import FakeChannel
+from signoff.app.console.auth import SESSION_COOKIE
+from signoff.app.db import transaction
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Vote, utcnow
+from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
 from tests.app.factories import make_request
 from tests.conftest import ADMIN_TOKEN, Server
 from tests.console.conftest import PASSWORDS, SESSION_SECRET, VAULT_SECRET, Agent, Console, csrf_of
@@ -715,7 +715,7 @@ async def test_static_files_are_served(console: Console) -> None:
 
 
 async def test_without_operators_the_sign_in_page_says_how_to_add_them(db_url: str, runtime: Runtime) -> None:
-    from app.config import parse_config
+    from signoff.app.config import parse_config
     from tests.conftest import DEFAULT_CONFIG
 
     rt = Runtime.create(
@@ -802,7 +802,7 @@ async def test_a_long_queue_shows_the_newest_200_and_counts_them_all(
 
 
 async def test_cookies_are_secure_over_https(runtime: Runtime) -> None:
-    from app.main import create_app
+    from signoff.app.main import create_app
 
     app = create_app(runtime, background=False)
     transport = httpx.ASGITransport(app=app)

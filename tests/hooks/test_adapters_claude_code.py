@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from hooks.adapters.claude_code import build_output, internal_deadline, main
-from hooks.client import GateClient, GateDecision
+from signoff.hooks.adapters.claude_code import build_output, internal_deadline, main
+from signoff.hooks.client import GateClient, GateDecision
 from tests.hooks.signoff_fakes import KEY, URL, LiveSignoff, Scripted, pending, state, submitted
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,7 +224,7 @@ def test_an_unwritable_stdout_exits_2() -> None:
 
 
 def test_build_output_never_allows_a_failure_or_pending() -> None:
-    from hooks.client import GateFailure
+    from signoff.hooks.client import GateFailure
 
     for failure in GateFailure:
         assert build_output(GateDecision(False, "x", failure=failure)) is None
@@ -244,7 +244,7 @@ def spawn_hook(
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SIGNOFF_URL": url, "SIGNOFF_API_KEY": KEY, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "hooks.adapters.claude_code", "--timeout", "60", *args],
+        [sys.executable, "-m", "signoff.hooks.adapters.claude_code", "--timeout", "60", *args],
         input=json.dumps(hook_input),
         capture_output=True,
         text=True,

@@ -13,8 +13,8 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from hooks.adapters.langchain import SignoffMiddleware
-from hooks.client import AsyncGateClient, GateClient
+from signoff.hooks.adapters.langchain import SignoffMiddleware
+from signoff.hooks.client import AsyncGateClient, GateClient
 from tests.hooks.signoff_fakes import KEY, URL, Scripted, pending, state, submitted
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05, "deadline": 0.5}

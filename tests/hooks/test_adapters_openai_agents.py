@@ -11,8 +11,8 @@ from agents import Agent, RunConfig, function_tool
 from agents.items import ToolCallOutputItem
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from hooks.adapters.openai_agents import SignoffApprovals
-from hooks.client import AsyncGateClient, GateClient
+from signoff.hooks.adapters.openai_agents import SignoffApprovals
+from signoff.hooks.client import AsyncGateClient, GateClient
 from tests.hooks.signoff_fakes import KEY, URL, Scripted, pending, state, submitted
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05, "deadline": 0.5}

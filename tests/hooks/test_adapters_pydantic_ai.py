@@ -12,8 +12,8 @@ from pydantic_ai.capabilities import HandleDeferredToolCalls
 from pydantic_ai.messages import ToolReturnPart
 from pydantic_ai.models.test import TestModel
 
-from hooks.adapters.pydantic_ai import SignoffApprovals
-from hooks.client import AsyncGateClient, GateClient
+from signoff.hooks.adapters.pydantic_ai import SignoffApprovals
+from signoff.hooks.client import AsyncGateClient, GateClient
 from tests.hooks.signoff_fakes import KEY, URL, Scripted, pending, state, submitted
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05}

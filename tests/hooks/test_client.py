@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -10,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from hooks._contract import Decision
-from hooks.client import (
+from signoff.hooks._contract import Decision
+from signoff.hooks._gate import TransportFailure, transport_failure, unreachable_reason
+from signoff.hooks.client import (
     AsyncGateClient,
     GateClient,
     GateConfigError,
@@ -610,7 +613,66 @@ def test_real_server_down_denies() -> None:
     with GateClient(url, KEY, deadline=0.5, **FAST) as client:
         decision = client.pre_tool_use("t", {})
     assert decision.failure is GateFailure.UNAVAILABLE
-    assert "ConnectError" in (decision.reason or "")
+    assert decision.reason == (
+        f"Signoff at {url} refused the connection (nothing is listening there; retried for 0.5s); "
+        "denied — check that `signoff serve` is running there and that SIGNOFF_URL is right"
+    )
+
+
+def test_the_submit_deadline_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert GateClient(URL, KEY).settings.submit_deadline == 5.0
+    monkeypatch.setenv("SIGNOFF_SUBMIT_DEADLINE", "1.5")
+    assert GateClient(URL, KEY).settings.submit_deadline == 1.5
+    assert GateClient(URL, KEY, submit_deadline=2).settings.submit_deadline == 2
+    for bad in ("soon", "0", "-1"):
+        monkeypatch.setenv("SIGNOFF_SUBMIT_DEADLINE", bad)
+        with pytest.raises(GateConfigError, match=r"SIGNOFF_SUBMIT_DEADLINE|must be > 0"):
+            GateClient(URL, KEY)
+
+
+def _raised(exc: BaseException, *, cause: BaseException) -> BaseException:
+    try:
+        raise exc from cause
+    except BaseException as raised:
+        return raised
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (ConnectionRefusedError(111, "Connection refused"), "refused"),
+        (_raised(httpx.ConnectError("[Errno 111]"), cause=ConnectionRefusedError(111, "refused")), "refused"),
+        (socket.gaierror(-2, "Name or service not known"), "dns"),
+        (_raised(httpx.ConnectError("[Errno -2]"), cause=socket.gaierror(-2, "Name or service")), "dns"),
+        (ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "tls"),
+        (httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), "tls"),
+        (TimeoutError("timed out"), "timeout"),
+        (httpx.ReadTimeout("timed out"), "timeout"),
+        (ConnectionResetError(104, "reset"), "other"),
+    ],
+)
+def test_transport_failures_are_told_apart(exc: BaseException, kind: str) -> None:
+    assert transport_failure(exc).kind == kind
+
+
+@pytest.mark.parametrize(
+    ("failure", "http", "says"),
+    [
+        (TransportFailure("x", "refused"), "", "refused the connection"),
+        (TransportFailure("gaierror", "dns"), "", "could not be resolved"),
+        (TransportFailure("SSLError", "tls"), "", "TLS with Signoff at http://s:1 failed"),
+        (TransportFailure("ReadTimeout", "timeout"), "", "did not answer within 5s (slow or overloaded)"),
+        (TransportFailure("reset", "other"), "", "could not be reached within 5s (reset)"),
+        (None, "HTTP 503 from Signoff", "kept answering HTTP 503 from Signoff for 5s"),
+    ],
+)
+def test_unreachable_reasons_name_the_url_and_what_to_check(
+    failure: TransportFailure | None, http: str, says: str
+) -> None:
+    reason = unreachable_reason("http://s:1", 5, failure, http)
+    assert says in reason
+    assert "\n" not in reason
+    assert "denied" in reason
 
 
 def test_real_server_bad_key_denies(live: LiveSignoff) -> None:
@@ -628,7 +690,7 @@ def test_the_client_imports_nothing_but_httpx_and_the_standard_library() -> None
 
     probe = (
         "import sys; before = set(sys.modules);"
-        "import hooks.client, hooks.decorator, hooks.adapters.claude_code;"
+        "import signoff.hooks.client, signoff.hooks.decorator, signoff.hooks.adapters.claude_code;"
         "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
     )
     loaded = set(

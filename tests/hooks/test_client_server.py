@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import uvicorn
 
-from app.db import transaction
-from app.main import create_app
-from app.operators import decide
-from app.runtime import Runtime
-from channels import Verdict
-from hooks.client import AsyncGateClient, GateClient, GateFailure
+from signoff.app.db import transaction
+from signoff.app.main import create_app
+from signoff.app.operators import decide
+from signoff.app.runtime import Runtime
+from signoff.channels import Verdict
+from signoff.hooks.client import AsyncGateClient, GateClient, GateFailure
 from tests.conftest import Server, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,7 +234,7 @@ async def run_hook(url: str, key: str, hook_input: dict[str, Any], *args: str) -
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "hooks.adapters.claude_code",
+        "signoff.hooks.adapters.claude_code",
         "--timeout",
         "60",
         *args,

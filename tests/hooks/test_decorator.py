@@ -6,8 +6,8 @@ from typing import Any
 import httpx
 import pytest
 
-from hooks.client import AsyncGateClient, GateClient, GateDenied, GateTimeout, GateUnavailable
-from hooks.decorator import agated, gate, gated
+from signoff.hooks.client import AsyncGateClient, GateClient, GateDenied, GateTimeout, GateUnavailable
+from signoff.hooks.decorator import agated, gate, gated
 from tests.hooks.signoff_fakes import KEY, URL, Scripted, pending, state, submitted
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05}

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
-from app.audit import Actor
-from app.config import SignoffConfig, load_config
-from app.db import transaction
-from app.keys import create_key
-from app.models import ConfirmationRequest, Status
-from app.operators import decide
-from app.runtime import Runtime
-from channels import Verdict
+from signoff.app.audit import Actor
+from signoff.app.config import SignoffConfig, load_config
+from signoff.app.db import transaction
+from signoff.app.keys import create_key
+from signoff.app.models import ConfirmationRequest, Status
+from signoff.app.operators import decide
+from signoff.app.runtime import Runtime
+from signoff.channels import Verdict
 from tests.conftest import Server, _truncate, free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from hooks import Decision, HookContext, HookRegistry, HookResult
-from hooks.confirmation_gate import ConfirmationGate, parse_duration
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate, parse_duration
+from signoff.hooks import Decision, HookContext, HookRegistry, HookResult
 
 
 def ctx(tool: str = "pay_invoice", **arguments: Any) -> HookContext:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hooks._contract import HookContext, HookResult
+from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["ContextInject"]
 

@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from hooks._contract import HookContext, HookResult
-from hooks._filter import ToolFilter
-from hooks.confirmation_gate import parse_duration
+from signoff.app.builtin_hooks._filter import ToolFilter
+from signoff.app.builtin_hooks.confirmation_gate import parse_duration
+from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["RateLimit"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hooks._contract import HookContext, HookResult
-from hooks._filter import ToolFilter
+from signoff.app.builtin_hooks._filter import ToolFilter
+from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["ReadOnlyGuard"]
 

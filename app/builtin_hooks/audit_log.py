@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from hooks._contract import HookContext, HookResult
-from hooks._filter import ToolFilter
+from signoff.app.builtin_hooks._filter import ToolFilter
+from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["AuditLog"]
 

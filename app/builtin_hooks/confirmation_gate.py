@@ -19,8 +19,8 @@ from typing import Any, Literal
 import cel
 from pydantic import Field, field_validator, model_validator
 
-from hooks._contract import HookContext, HookResult
-from hooks._filter import ToolFilter
+from signoff.app.builtin_hooks._filter import ToolFilter
+from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["ConfirmationGate", "parse_duration"]
 
