@@ -112,6 +112,12 @@ class SignoffConfig:
     def channel_type(self, channel: str) -> str:
         return self.channels[channel].type
 
+    def is_web(self, channel: str) -> bool:
+        """Whether ``channel`` is of type ``web`` (whatever its name): decided in Signoff itself,
+        no card is posted anywhere. An unknown channel is not: its card fails to post."""
+        config = self.channels.get(channel)
+        return config is not None and config.type == "web"
+
     def person_for(self, channel_type: str, user_id: str) -> str | None:
         """The directory key of whoever has ``user_id`` on ``channel_type`` (or is named so)."""
         for key, person in self.people.items():

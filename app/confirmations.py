@@ -54,8 +54,6 @@ ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
 }
 TERMINAL = frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if not targets)
 
-WEB_CHANNEL = "web"
-"""The built-in channel: requests are shown and decided in Signoff itself, so no card is owed."""
 DECIDED_KEY = "signoff.decided"
 NOTIFY_CHANNEL = "signoff_decided"
 NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
@@ -69,9 +67,9 @@ _INSERT_DELIVERY = sa.insert(_DELIVERIES)
 _GET = select(ConfirmationRequest).where(col(ConfirmationRequest.id) == sa.bindparam("request_id"))
 _GET_FOR_UPDATE = _GET.with_for_update()
 _VOTES_OF = select(Vote).where(col(Vote.request_id) == sa.bindparam("request_id")).order_by(col(Vote.id))
-_QUEUED_UPDATES = (
-    select(_DELIVERIES.c.channel, _DELIVERIES.c.status, _DELIVERIES.c.leased_until)
-    .where(_DELIVERIES.c.request_id == sa.bindparam("request_id"), _DELIVERIES.c.kind == "update")
+_CARDS = (
+    select(_DELIVERIES.c.channel, _DELIVERIES.c.kind, _DELIVERIES.c.status, _DELIVERIES.c.leased_until)
+    .where(_DELIVERIES.c.request_id == sa.bindparam("request_id"))
     .with_for_update()
 )
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
@@ -128,17 +126,21 @@ def _on_postgres(session: AsyncSession) -> bool:
 
 
 async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
-    """Owe the channel a redraw of the request's card (one queued redraw is enough)."""
-    if channel == WEB_CHANNEL:
-        return
-    # Only the request's own few updates, by the request_id index (with the status in SQL,
+    """Owe the channel a redraw of the request's card (one queued redraw is enough).
+
+    Only a channel the card was posted to is owed one: a ``web`` channel, whatever its
+    name, never got a card (intake decides that, by the channel's type).
+    """
+    # Only the request's own few deliveries, by the request_id index (with the status in SQL,
     # SQLite's planner prefers the status index and scans every pending delivery), locked:
     # a dispatcher claiming one of them waits for this transaction, so it draws the card
     # as this transaction leaves it.
-    rows = await session.exec(_QUEUED_UPDATES, params={"request_id": request_id})
+    rows = (await session.exec(_CARDS, params={"request_id": request_id})).all()
+    if not any(ch == channel and kind == "post" for ch, kind, _, _ in rows):
+        return
     queued = any(
-        ch == channel and status == OutboxStatus.PENDING and leased is None
-        for ch, status, leased in rows.all()
+        ch == channel and kind == "update" and status == OutboxStatus.PENDING and leased is None
+        for ch, kind, status, leased in rows
     )
     if not queued:
         delivery = Delivery(request_id=request_id, channel=channel, kind="update")

@@ -32,7 +32,7 @@ from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import OUTBOX_KEY, WEB_CHANNEL, call_digest, decision_for, redact
+from signoff.app.confirmations import OUTBOX_KEY, call_digest, decision_for, redact
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
 from signoff.hooks import Decision, HookContext, HookResult
@@ -55,21 +55,25 @@ _UNDECIDED = dict.fromkeys(
 
 @dataclass(frozen=True, slots=True)
 class NewRequest:
-    """A request ready to be written: its row (every column), and the ``created`` event's details."""
+    """A request ready to be written: its row (every column), the ``created`` event's details
+    and the channels owed its card."""
 
     row: dict[str, Any]
     detail: dict[str, Any]
+    cards: tuple[str, ...] = ()
+    """Channels to post the card to: the gates' channels but those of type ``web``, whose
+    requests are shown and decided in Signoff itself."""
 
     @property
     def id(self) -> str:
         return str(self.row["id"])
 
 
-def _post(row: dict[str, Any]) -> dict[str, Any]:
-    """The outbox row owing a channel the request's card."""
+def _post(row: dict[str, Any], channel: str) -> dict[str, Any]:
+    """The outbox row owing ``channel`` the request's card."""
     return {
         "request_id": row["id"],
-        "channel": row["channel"],
+        "channel": channel,
         "kind": "post",
         "status": OutboxStatus.PENDING,
         "attempts": 0,
@@ -115,7 +119,7 @@ async def write_new_requests(
             raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
         answers.append(found)
     new = [n for n in batch if n.id in written]
-    posts = [_post(n.row) for n in new if n.row["channel"] != WEB_CHANNEL]
+    posts = [_post(n.row, channel) for n in new for channel in n.cards]
     if posts:
         await session.exec(_INSERT_DELIVERIES, params=posts)
         session.sync_session.info[OUTBOX_KEY] = True
@@ -265,7 +269,7 @@ class Approvals:
             **_UNDECIDED,
         }
         detail = {"tool": ctx.tool_name, "gate": gate.label, "channel": gate.channel, "user_id": ctx.user_id}
-        return NewRequest(row, detail)
+        return NewRequest(row, detail, cards=() if config.is_web(gate.channel) else (gate.channel,))
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
         assert isinstance(gate, ConfirmationGate)

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from sqlmodel import col, func, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import intake
-from signoff.app.audit import verify_chain
+from signoff.app.audit import Actor, verify_chain
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.config import parse_config
 from signoff.app.db import transaction
 from signoff.app.intake import Approvals, NewRequest
+from signoff.app.keys import create_key
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery
 from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
 from signoff.hooks import Decision, HookContext, HookResult
+from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 
 
 @pytest.fixture
@@ -159,3 +165,32 @@ async def test_a_call_with_a_transaction_of_its_own_writes_in_it(
         assert found.tool_name == "pay_invoice"
     assert batches == [1]
     assert await _count(runtime, ConfirmationRequest) == 1
+
+
+async def test_a_web_channel_under_another_name_is_owed_no_card(settings: Settings) -> None:
+    """A channel is web by its type, not its name: no card post (or redraw) is queued for it."""
+    raw: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    raw["channels"]["console"] = {"type": "web"}
+    for hook in raw["agents"]["finance-bot"]["hooks"]:
+        hook["channel"] = "console"
+    runtime = Runtime.create(settings, parse_config(raw))
+    try:
+        async with transaction(runtime.sessions) as s:
+            _, key = await create_key(s, "finance-bot", actor=Actor("test"))
+        async with Server(runtime) as server, httpx.AsyncClient(base_url=server.url) as http:
+            answer = await http.post(
+                "/v1/hooks/pre-tool-use",
+                json={"tool_name": "pay_invoice", "arguments": {"amount": 90000}},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert answer.json()["decision"] == "pending"
+            rid = answer.json()["request_id"]
+            decided = await http.post(
+                f"/v1/admin/requests/{rid}/decision",
+                json={"verdict": "approve", "operator": "alice"},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            )
+            assert decided.json()["status"] == "approved"
+        assert await _count(runtime, Delivery, col(Delivery.request_id) == rid) == 0
+    finally:
+        await runtime.aclose()
