@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import Voter, build_card, cast_vote, votes_for
+from signoff.app.confirmations import (
+    Voter,
+    VoteResult,
+    build_card,
+    cast_vote,
+    get_request,
+    refuse_vote,
+    votes_for,
+)
 from signoff.app.db import transaction
-from signoff.app.models import Vote
-from signoff.channels import Card, Click, ClickOutcome
+from signoff.app.models import ConfirmationRequest, Status, Vote
+from signoff.app.votes import is_requester
+from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel
 
-__all__ = ["ClickService"]
+__all__ = ["LOOKUP_SECONDS", "ClickService"]
+
+log = logging.getLogger("signoff.clicks")
+
+LOOKUP_SECONDS = 1.5
+"""How long a clicker's look-up may take (Slack and Feishu want an answer within 3 s)."""
 
 
 class ClickService:
@@ -23,10 +42,12 @@ class ClickService:
         config: SignoffConfig,
         *,
         reads: async_sessionmaker[AsyncSession] | None = None,
+        channels: Mapping[str, Channel] | None = None,
     ) -> None:
         self._sessions = sessions
         self._reads = reads or sessions
         self._config = config
+        self._channels = channels or {}
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
         kind = self._config.channel_type(channel)
@@ -42,15 +63,33 @@ class ClickService:
             person=person,
             identity={**click.identity, **({"event_id": click.event_id} if click.event_id else {})},
         )
+        why: str | None = None
+        target = self._channels.get(channel)
+        if isinstance(target, InteractiveChannel):
+            async with self._reads() as session:
+                current = await get_request(session, click.request_id)
+            if current is not None and self._needs_email(current, voter):
+                voter, why = await self._with_email(target, voter)
         async with transaction(self._sessions) as session:
-            result = await cast_vote(
-                session,
-                click.request_id,
-                voter=voter,
-                verdict=click.verdict,
-                config=self._config,
-                reason=click.reason,
-            )
+            result: VoteResult | None
+            if why is not None:
+                result = await refuse_vote(
+                    session,
+                    click.request_id,
+                    voter=voter,
+                    verdict=click.verdict,
+                    why=why,
+                    reason=click.reason,
+                )
+            else:
+                result = await cast_vote(
+                    session,
+                    click.request_id,
+                    voter=voter,
+                    verdict=click.verdict,
+                    config=self._config,
+                    reason=click.reason,
+                )
         if result is None:
             return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))
         # The card as committed, read after the write transaction has let go.
@@ -58,6 +97,27 @@ class ClickService:
             votes = await votes_for(session, result.request.id)
         card = build_card(result.request, votes, self._config, kind)
         return ClickOutcome(result.accepted, result.message, card)
+
+    def _needs_email(self, req: ConfirmationRequest, voter: Voter) -> bool:
+        """Whether the clicker's email could show the call was made for them: the request
+        is open, names someone, forbids self-approval, and the ids alone do not tell (when
+        both are people of the directory, the directory has already told)."""
+        if req.status != Status.PENDING or req.gate.get("allow_self_approval", False):
+            return False
+        requesters = (req.requester, req.user_id)
+        if not any(requesters) or is_requester(requesters, voter, self._config):
+            return False
+        return voter.person is None or not any(self._config.recognise(r) for r in requesters)
+
+    async def _with_email(self, target: InteractiveChannel, voter: Voter) -> tuple[Voter, str | None]:
+        """``voter`` with the email ``target`` knows for them, or why the click is refused."""
+        try:
+            async with asyncio.timeout(LOOKUP_SECONDS):
+                _, email = await target.lookup_user(voter.user_id)
+        except Exception as exc:  # unreachable, refused, too slow: nobody may vouch for the clicker
+            log.warning("looking up %s on %s failed: %r", voter.user_id, target.name, exc)
+            return voter, "Signoff could not look up who you are; please try again."
+        return replace(voter, email=email), None
 
     async def enrich_identity(
         self, channel: str, user_id: str, *, name: str | None, email: str | None

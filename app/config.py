@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
@@ -36,7 +38,16 @@ HOOK_TYPES = (
     "context_inject",
 )
 
-__all__ = ["AgentConfig", "ConfigError", "Operator", "Person", "SignoffConfig", "load_config", "parse_config"]
+__all__ = [
+    "AgentConfig",
+    "ConfigError",
+    "Operator",
+    "Person",
+    "SignoffConfig",
+    "identity_key",
+    "load_config",
+    "parse_config",
+]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_REDACT = ("password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "cookie")
@@ -46,6 +57,19 @@ _RAW_ID = {
     "slack": re.compile(r"^[UW][A-Z0-9]{2,}$"),
     "feishu": re.compile(r"^(ou|on)_[A-Za-z0-9]+$"),
 }
+
+
+def identity_key(value: str) -> str:
+    """The form in which a spelling of someone's key, channel id or email is compared.
+
+    NFKC (full-width and other compatibility forms become plain letters), case-folded,
+    without invisible format characters (zero-width spaces, joiners, direction marks)
+    and without surrounding whitespace: ``" DANA\u200b"``, its full-width form and ``"dana"``
+    are one key.
+    """
+    visible = "".join(ch for ch in value if unicodedata.category(ch) != "Cf")
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", visible).casefold())
+    return folded.strip()
 
 
 class ConfigError(ValueError):
@@ -63,10 +87,19 @@ class Person(BaseModel):
 
     name: str | None = None
     email: str | None = None
+    """Recognises them too: as a requester's ``user_id``, and as a clicker's looked-up email."""
 
     def ids(self) -> dict[str, str]:
         """Channel type → user id (``slack: U0ALICE``)."""
         return {k: str(v) for k, v in (self.model_extra or {}).items()}
+
+    def identifiers(self, key: str) -> Iterator[tuple[str, str]]:
+        """Everything that names this person, with where it is written: their directory
+        ``key``, each channel id and their email."""
+        yield "", key
+        yield from self.ids().items()
+        if self.email:
+            yield "email", self.email
 
 
 class AgentConfig(BaseModel):
@@ -118,25 +151,39 @@ class SignoffConfig:
         config = self.channels.get(channel)
         return config is not None and config.type == "web"
 
-    def person_for(self, channel_type: str, user_id: str) -> str | None:
-        """The directory key of whoever has ``user_id`` on ``channel_type`` (or is named so)."""
+    @cached_property
+    def _everyone(self) -> dict[str, str]:
+        """Every identifier (key, channel id, email) as :func:`identity_key` → directory key."""
+        return {
+            identity_key(value): key
+            for key, person in self.people.items()
+            for _, value in person.identifiers(key)
+            if identity_key(value)
+        }
+
+    @cached_property
+    def _by_channel_type(self) -> dict[tuple[str, str], str]:
+        """(channel type, :func:`identity_key` of a user id) → directory key; on ``web`` the
+        directory key itself is a user id (operators sign in by it)."""
+        index: dict[tuple[str, str], str] = {}
         for key, person in self.people.items():
-            if person.ids().get(channel_type) == user_id:
-                return key
-        if channel_type == "web" and user_id in self.people:
-            return user_id
-        return None
+            index[("web", identity_key(key))] = key
+            for kind, user_id in person.ids().items():
+                index[(kind, identity_key(user_id))] = key
+        return index
+
+    def person_for(self, channel_type: str, user_id: str) -> str | None:
+        """The directory key of whoever has ``user_id`` on ``channel_type`` (or is named so).
+
+        Spelling does not matter (see :func:`identity_key`)."""
+        return self._by_channel_type.get((channel_type, identity_key(user_id)))
 
     def recognise(self, user_id: str | None) -> str | None:
-        """The directory key for a requester's ``user_id`` given as a key or any channel id."""
+        """The directory key for someone given by their key, any channel id or their email,
+        in any spelling (see :func:`identity_key`)."""
         if user_id is None:
             return None
-        if user_id in self.people:
-            return user_id
-        for key, person in self.people.items():
-            if user_id in person.ids().values():
-                return key
-        return None
+        return self._everyone.get(identity_key(user_id))
 
     def channel_id_of(self, person: str, channel_type: str) -> str | None:
         entry = self.people.get(person)
@@ -201,6 +248,25 @@ def _errors(exc: ValidationError, prefix: str) -> list[str]:
     return problems
 
 
+def _ambiguous_people(people: Mapping[str, Person]) -> list[str]:
+    """Identifiers naming two people: recognition must know whom a spelling means."""
+    problems: list[str] = []
+    owner: dict[str, str] = {}
+    for key, person in people.items():
+        for where, value in person.identifiers(key):
+            ident = identity_key(value)
+            if not ident:
+                continue
+            other = owner.setdefault(ident, key)
+            if other != key:
+                path = f"people.{key}.{where}" if where else f"people.{key}"
+                problems.append(
+                    f"{path}: {value!r} also names people.{other}; every key, channel id and "
+                    "email (in any letter case) must belong to one person"
+                )
+    return problems
+
+
 def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
     """Validate an already parsed YAML document."""
     problems: list[str] = []
@@ -228,6 +294,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         except ValidationError as exc:
             problems.extend(_errors(exc, f"channels.{name}"))
 
+    problems.extend(_ambiguous_people(doc.people))
     for agent, cfg in doc.agents.items():
         for i, gate in enumerate(cfg.hooks):
             if not isinstance(gate, ConfirmationGate):

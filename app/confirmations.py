@@ -28,6 +28,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
+from signoff.app.votes import Voter, gate_refusal
 from signoff.channels import Card, Person, Verdict
 from signoff.hooks import Decision, HookResult
 from signoff.hooks._gate import describe_request
@@ -42,6 +43,7 @@ __all__ = [
     "expire_overdue",
     "get_request",
     "redact",
+    "refuse_vote",
     "transition",
 ]
 
@@ -270,26 +272,6 @@ async def expire_overdue(
 
 
 @dataclass(frozen=True, slots=True)
-class Voter:
-    """Someone clicking: where, their id there, and who they are in the directory (if known)."""
-
-    channel: str
-    channel_type: str
-    user_id: str
-    name: str | None = None
-    person: str | None = None
-    identity: Mapping[str, str] | None = None
-
-    @property
-    def key(self) -> str:
-        return self.person or f"{self.channel}:{self.user_id}"
-
-    @property
-    def actor(self) -> Actor:
-        return Actor(self.channel, self.user_id, self.name or self.person)
-
-
-@dataclass(frozen=True, slots=True)
 class VoteResult:
     accepted: bool
     message: str
@@ -303,20 +285,6 @@ def _describe_decided(req: ConfirmationRequest) -> str:
         return "This request has already expired."
     by = f" by {who}" if who and req.decided_by_channel != "system" else ""
     return f"This request was already {req.status}{by}."
-
-
-def _may_approve(req: ConfirmationRequest, voter: Voter, config: SignoffConfig) -> str | None:
-    """Why ``voter`` may not vote on ``req``, or None if they may."""
-    gate = req.gate
-    approvers: list[str] = list(gate.get("approvers") or [])
-    if approvers and not (
-        (voter.person is not None and voter.person in approvers) or voter.user_id in approvers
-    ):
-        return "You are not an approver for this request."
-    if not gate.get("allow_self_approval", False) and req.requester is not None:
-        if req.requester in (voter.person, voter.user_id):
-            return "You cannot approve a call made on your own behalf."
-    return None
 
 
 async def cast_vote(
@@ -338,20 +306,10 @@ async def cast_vote(
     req = await get_request(session, request_id, for_update=True)
     if req is None:
         return None
-    detail: dict[str, Any] = {
-        "verdict": verdict.value,
-        "reason": reason,
-        "identity": dict(voter.identity or {}),
-    }
+    detail = _vote_detail(voter, verdict, reason)
 
     async def refuse(message: str) -> VoteResult:
-        await audit.append(
-            session,
-            "vote_refused",
-            actor=voter.actor,
-            request_id=request_id,
-            detail={**detail, "why": message},
-        )
+        await _audit_refusal(session, req, voter, detail, message)
         return VoteResult(False, message, req)
 
     if req.status != Status.PENDING:
@@ -361,7 +319,8 @@ async def cast_vote(
         won = await transition(session, request_id, Status.EXPIRED, actor=expiry, reason=late, now=now)
         await _settle(session, req, won, Status.EXPIRED, expiry, late, now)
         return await refuse("This request has already expired.")
-    if (why := _may_approve(req, voter, config)) is not None:
+    requesters = (req.requester, req.user_id)
+    if (why := gate_refusal(req.gate, requesters=requesters, voter=voter, config=config)) is not None:
         return await refuse(why)
     if (
         verdict is Verdict.REJECT
@@ -377,6 +336,7 @@ async def cast_vote(
         channel=voter.channel,
         user_id=voter.user_id,
         name=voter.name,
+        email=voter.email,
         reason=reason,
         identity=dict(voter.identity or {}),
         created_at=now,
@@ -405,6 +365,39 @@ async def cast_vote(
     await _queue_update(session, request_id, req.channel)
     await audit.append_many(session, voted)
     return VoteResult(True, f"Approval recorded ({approvals} of {quorum}).", req)
+
+
+def _vote_detail(voter: Voter, verdict: Verdict, reason: str | None) -> dict[str, Any]:
+    identity = dict(voter.identity or {})
+    if voter.email:
+        identity["email"] = voter.email
+    return {"verdict": verdict.value, "reason": reason, "identity": identity}
+
+
+async def _audit_refusal(
+    session: AsyncSession, req: ConfirmationRequest, voter: Voter, detail: dict[str, Any], why: str
+) -> None:
+    await audit.append(
+        session, "vote_refused", actor=voter.actor, request_id=req.id, detail={**detail, "why": why}
+    )
+
+
+async def refuse_vote(
+    session: AsyncSession,
+    request_id: str,
+    *,
+    voter: Voter,
+    verdict: Verdict,
+    why: str,
+    reason: str | None = None,
+) -> VoteResult | None:
+    """Refuse a vote for a reason found before voting (where the click came from, who the
+    clicker is): only the audit log changes. None if there is no such request."""
+    req = await get_request(session, request_id)
+    if req is None:
+        return None
+    await _audit_refusal(session, req, voter, _vote_detail(voter, verdict, reason), why)
+    return VoteResult(False, why, req)
 
 
 async def _approvals(session: AsyncSession, request_id: str) -> int:

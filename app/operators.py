@@ -8,7 +8,20 @@ from signoff.app.config import SignoffConfig
 from signoff.app.confirmations import Voter, VoteResult, cast_vote
 from signoff.channels import Verdict
 
-__all__ = ["decide"]
+__all__ = ["decide", "operator_voter"]
+
+
+def operator_voter(operator: str, config: SignoffConfig, *, via: str = "web") -> Voter:
+    """``operator`` voting through the built-in web channel (operator API, CLI, console)."""
+    person = config.person_for("web", operator)
+    return Voter(
+        channel="web",
+        channel_type="web",
+        user_id=operator,
+        name=config.display_name(person) if person else operator,
+        person=person,
+        identity={"via": via},
+    )
 
 
 async def decide(
@@ -22,13 +35,5 @@ async def decide(
     via: str = "web",
 ) -> VoteResult | None:
     """Vote as ``operator`` through the built-in web channel, with the gate's approver rules."""
-    person = config.person_for("web", operator)
-    voter = Voter(
-        channel="web",
-        channel_type="web",
-        user_id=operator,
-        name=config.display_name(person) if person else operator,
-        person=person,
-        identity={"via": via},
-    )
+    voter = operator_voter(operator, config, via=via)
     return await cast_vote(session, request_id, voter=voter, verdict=verdict, config=config, reason=reason)

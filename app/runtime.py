@@ -110,7 +110,7 @@ class Runtime:
 
     @property
     def clicks(self) -> ClickService:
-        return ClickService(self.sessions, self.config, reads=self.reads)
+        return ClickService(self.sessions, self.config, reads=self.reads, channels=self.channels)
 
     async def recently_decided(self, since: Any) -> list[tuple[str, Any]]:
         async with self.reads() as session:

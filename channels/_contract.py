@@ -198,3 +198,11 @@ class InteractiveChannel(Channel, Protocol):
     async def start(self, handler: ClickHandler) -> None:
         """Start receiving over a platform connection (Socket Mode, long connection), if configured."""
         ...
+
+    async def lookup_user(self, user_id: str) -> tuple[str | None, str | None]:
+        """The platform's display name and email for a clicker, ``None`` where it has none.
+
+        Raises :class:`DeliveryError` when the platform cannot be asked; the server then
+        refuses a click whose clicker it needed to know (fail closed).
+        """
+        ...

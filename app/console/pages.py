@@ -17,8 +17,10 @@ from signoff.app.config import SignoffConfig
 from signoff.app.confirmations import get_request, votes_for
 from signoff.app.console.format import duration, summarize, time_left
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
+from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
+from signoff.app.votes import NOT_AN_APPROVER, OWN_CALL, gate_refusal
 
 __all__ = [
     "AuditView",
@@ -203,13 +205,15 @@ class RequestView:
         )
 
 
-def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote]) -> str | None:
-    approvers = list(req.gate.get("approvers") or ())
-    if approvers and person not in approvers:
+def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: SignoffConfig) -> str | None:
+    # The state machine's own rule, asked in advance.
+    voter = operator_voter(person, config)
+    why = gate_refusal(req.gate, requesters=(req.requester, req.user_id), voter=voter, config=config)
+    if why == NOT_AN_APPROVER:
         return "You are not one of this gate's approvers: your vote would be refused."
-    if not req.gate.get("allow_self_approval", False) and req.requester == person:
+    if why == OWN_CALL:
         return "This call was made on your behalf: you cannot approve it."
-    if any(v.voter == person for v in votes):
+    if any(v.voter == voter.key for v in votes):
         return "You have already voted on this request."
     return None
 
@@ -233,7 +237,7 @@ async def request_view(
         refused=[e for e in trail if e.action == "vote_refused"],
         trail=trail,
         deliveries=await queries.deliveries_for(session, request_id),
-        hint=_hint(req, person, votes) if req.status == Status.PENDING else None,
+        hint=_hint(req, person, votes, config) if req.status == Status.PENDING else None,
     )
 
 

@@ -316,23 +316,32 @@ class SlackChannel:
                 "slack channel %s: chat.postEphemeral failed: %s", self.name, delivery_error(exc).reason
             )
 
-    async def _enrich(self, handler: ClickHandler, user_id: str) -> None:
-        """Look the clicker up (``users.info``) and hand their name and email to the server."""
+    async def lookup_user(self, user_id: str) -> tuple[str | None, str | None]:
+        """The clicker's name and email (``users.info``; the email needs ``users:read.email``)."""
         try:
             response = await self._client.users_info(user=user_id)
         except _TRANSPORT_ERRORS as exc:
-            log.warning("slack channel %s: users.info failed: %s", self.name, delivery_error(exc).reason)
-            return
+            raise delivery_error(exc) from exc
         user = response.get("user")
         if not isinstance(user, dict):
-            return
+            return None, None
         profile = user.get("profile")
         if not isinstance(profile, dict):
             profile = {}
         name = _first_text(
             profile.get("real_name"), user.get("real_name"), profile.get("display_name"), user.get("name")
         )
-        email = _first_text(profile.get("email"))
+        return name, _first_text(profile.get("email"))
+
+    async def _enrich(self, handler: ClickHandler, user_id: str) -> None:
+        """Look the clicker up and hand their name and email to the server."""
+        try:
+            name, email = await self.lookup_user(user_id)
+        except DeliveryError as exc:
+            log.warning("slack channel %s: users.info failed: %s", self.name, exc.reason)
+            return
+        if name is None and email is None:
+            return
         await handler.enrich_identity(self.name, user_id, name=name, email=email)
 
     async def _on_socket_request(

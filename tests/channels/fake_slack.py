@@ -10,6 +10,7 @@ Kit and views with slack-sdk's own models (``invalid_blocks`` /
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ class FakeSlack:
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
+        self.users: dict[str, dict[str, Any]] = copy.deepcopy(USERS)
+        """What ``users.info`` knows; add to it for a test's own clickers."""
         self.messages: dict[tuple[str, str], dict[str, Any]] = {}
         self.acks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.socket_connected = asyncio.Event()
@@ -173,7 +176,7 @@ class FakeSlack:
         return _ok({"message_ts": "1700000001.000001"})
 
     def _users_info(self, args: dict[str, Any]) -> web.Response:
-        user = USERS.get(str(args.get("user")))
+        user = self.users.get(str(args.get("user")))
         if user is None:
             return _error("user_not_found")
         return _ok({"user": user})

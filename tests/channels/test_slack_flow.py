@@ -48,6 +48,17 @@ async def slack_server(
     raw["people"]["alice"]["slack"] = "W0ALICE"
     raw["people"]["bob"]["slack"] = "W0BOB"
     raw["people"]["carol"]["slack"] = "W0CAROL"
+    raw["people"]["dana"] = {"name": "Dana", "email": "dana@example.com", "slack": "U0DANA"}
+    raw["agents"]["finance-bot"]["hooks"] += [
+        {
+            "type": "confirmation_gate",
+            "name": "deploys",
+            "tools": ["deploy_*"],
+            "approvers": ["alice", "dana"],
+            "timeout": "30m",
+        },
+        {"type": "confirmation_gate", "name": "anyone", "tools": ["ops_*"], "timeout": "30m"},
+    ]
     for hook in raw["agents"]["finance-bot"]["hooks"]:
         hook["channel"] = NAME
     runtime = Runtime.create(settings, parse_config(raw))
@@ -263,3 +274,72 @@ async def test_racing_approvers_get_one_outcome_and_the_loser_is_told(
     else:
         [note] = await eventually(lambda: fake_slack.calls_to("chat.postEphemeral"))
         assert "already rejected" in note.args["text"]
+
+
+def slack_user(user_id: str, email: str | None) -> dict[str, Any]:
+    """A ``users.info`` user as the fake Slack answers it."""
+    return {"id": user_id, "name": user_id.lower(), "profile": {"real_name": user_id, "email": email}}
+
+
+async def ask(http: httpx.AsyncClient, agent: dict[str, str], tool: str, user_id: str | None) -> str:
+    body = {"tool_name": tool, "arguments": {}, "user_id": user_id}
+    rid: str = (await http.post("/v1/hooks/pre-tool-use", json=body, headers=agent)).json()["request_id"]
+    return rid
+
+
+@pytest.mark.parametrize(
+    "spelling", ["dana@example.com", "u0dana", "Dana", "dana ", " DANA@EXAMPLE.COM\u200b"]
+)
+async def test_no_spelling_of_the_requester_lets_them_approve_their_own_call(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str, spelling: str
+) -> None:
+    """The call was made for Dana (her email, her Slack id in another case, her name, with
+    spaces or an invisible character): Dana's click is refused, with a notice."""
+    _, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = await ask(http, agent, "deploy_api", spelling)
+    b, h = click(ACTION_APPROVE, rid, "U0DANA")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
+    [note] = await eventually(lambda: fake_slack.calls_to("chat.postEphemeral"))
+    assert note.args["user"] == "U0DANA"
+    assert "your own behalf" in note.args["text"]
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] == "pending"
+    assert state["votes"] == []
+
+    b, h = click(ACTION_APPROVE, rid, "W0ALICE")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
+    assert (await http.get(f"/v1/requests/{rid}", headers=agent)).json()["status"] == "approved"
+
+
+async def test_a_clickers_looked_up_email_names_them_as_the_requester(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    """Dana's second Slack account, unknown to the directory, carries her email: on a gate
+    anyone may approve, it still cannot approve her call. A clicker Slack cannot tell Signoff
+    about is refused too (fail closed); anyone else approves."""
+    server, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    fake_slack.users["U0DANA2"] = slack_user("U0DANA2", "Dana@Example.com")
+    fake_slack.users["U0ERIN"] = slack_user("U0ERIN", "erin@example.com")
+    rid = await ask(http, agent, "ops_restart", "dana")
+
+    for clicker, notice in (("U0DANA2", "your own behalf"), ("U0GHOST", "could not look up who you are")):
+        b, h = click(ACTION_APPROVE, rid, clicker)
+        assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
+        note = await eventually(
+            lambda clicker=clicker: [
+                c for c in fake_slack.calls_to("chat.postEphemeral") if c.args["user"] == clicker
+            ]
+        )
+        assert notice in note[0].args["text"]
+    assert (await http.get(f"/v1/requests/{rid}", headers=agent)).json()["status"] == "pending"
+
+    b, h = click(ACTION_APPROVE, rid, "U0ERIN")
+    assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert state["status"] == "approved"
+    assert [(v["user_id"], v["email"]) for v in state["votes"]] == [("U0ERIN", "erin@example.com")]
+    async with server.runtime.sessions() as s:
+        refused = (await s.exec(select(AuditEvent).where(col(AuditEvent.action) == "vote_refused"))).all()
+    assert {e.actor_id for e in refused} == {"U0DANA2", "U0GHOST"}

@@ -1,0 +1,169 @@
+"""Who may vote, as properties: recognition by any spelling, and no approving one's own call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from signoff.app.config import ConfigError, SignoffConfig, identity_key, parse_config
+from signoff.app.votes import NOT_AN_APPROVER, OWN_CALL, Voter, gate_refusal, is_requester
+
+KEYS = st.from_regex(r"[a-z][a-z0-9_.-]{0,11}", fullmatch=True)
+SPACE = st.text(alphabet=" \t\n\u00a0\u2003\u3000", max_size=3)
+SLACK_SAFE = str.maketrans(".-_", "XYZ")
+INVISIBLE = st.sampled_from(["", "\u200b", "\u200d", "\u2060", "\ufeff", "\u200e"])
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    slack: str
+    feishu: str
+    email: str
+
+
+@st.composite
+def directories(draw: st.DrawFn) -> list[Entry]:
+    keys = draw(st.lists(KEYS, min_size=1, max_size=5, unique_by=identity_key))
+    entries = [
+        Entry(key, f"U0{i}{key.upper().translate(SLACK_SAFE)}", f"ou_{i}{key}", f"{key}@corp{i}.example")
+        for i, key in enumerate(keys)
+    ]
+    names = [identity_key(n) for e in entries for n in (e.key, e.slack, e.feishu, e.email)]
+    assume(len(set(names)) == len(names))  # a directory where one spelling names two people is refused
+    return entries
+
+
+def config_of(entries: list[Entry]) -> SignoffConfig:
+    people = {
+        e.key: {"name": e.key.title(), "email": e.email, "slack": e.slack, "feishu": e.feishu}
+        for e in entries
+    }
+    return parse_config({"people": people}, source="test.yaml")
+
+
+@st.composite
+def spellings(draw: st.DrawFn, text: str) -> str:
+    """``text`` as someone might type it: any letter case, full-width forms, invisible
+    characters inside, whitespace around."""
+    out = []
+    for ch in text:
+        ch = draw(st.sampled_from([ch.lower(), ch.upper()]))
+        if draw(st.booleans()) and "!" <= ch <= "~":
+            ch = chr(ord(ch) + 0xFEE0)  # the full-width form, which NFKC maps back
+        out.append(ch + draw(INVISIBLE))
+    return draw(SPACE) + "".join(out) + draw(SPACE)
+
+
+@st.composite
+def someone_spelled(draw: st.DrawFn) -> tuple[list[Entry], Entry, str]:
+    entries = draw(directories())
+    who = draw(st.sampled_from(entries))
+    name = draw(st.sampled_from([who.key, who.slack, who.feishu, who.email]))
+    return entries, who, draw(spellings(name))
+
+
+@given(someone_spelled())
+def test_any_spelling_of_a_key_channel_id_or_email_recognises_that_person(
+    case: tuple[list[Entry], Entry, str],
+) -> None:
+    entries, who, spelled = case
+    assert config_of(entries).recognise(spelled) == who.key
+
+
+@given(someone_spelled())
+def test_a_clicker_is_recognised_by_their_channel_id_in_any_spelling(
+    case: tuple[list[Entry], Entry, str],
+) -> None:
+    entries, who, _ = case
+    config = config_of(entries)
+    assert config.person_for("slack", f" {who.slack.lower()}\u200b") == who.key
+    assert config.person_for("feishu", who.feishu.upper()) == who.key
+    assert config.person_for("web", who.key.upper()) == who.key
+    # An id is recognised on its own channel type only.
+    assert config.person_for("feishu", who.slack) is None
+
+
+def voters(config: SignoffConfig, who: Entry, email_spelling: str) -> list[Voter]:
+    """``who`` voting every way there is: a Slack or Feishu click, an operator decision, and a
+    second account unknown to the directory whose looked-up email is theirs."""
+    return [
+        Voter("ops-slack", "slack", who.slack, person=config.person_for("slack", who.slack)),
+        Voter("ops-feishu", "feishu", who.feishu, person=config.person_for("feishu", who.feishu)),
+        Voter("web", "web", who.key, person=config.person_for("web", who.key)),
+        Voter("ops-slack", "slack", "U0SECONDACCOUNT", email=email_spelling),
+    ]
+
+
+@given(
+    someone_spelled(),
+    st.data(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_requester_so_recognised_never_approves_their_own_call(
+    case: tuple[list[Entry], Entry, str], data: st.DataObject, listed: bool, allow_self: bool
+) -> None:
+    entries, who, spelled = case
+    config = config_of(entries)
+    # The request records the requester as intake does: the directory key it recognises.
+    requesters = (config.recognise(spelled) or spelled, spelled)
+    gate = {
+        "approvers": [e.key for e in entries] if listed else [],
+        "quorum": 1,
+        "allow_self_approval": allow_self,
+    }
+    email = data.draw(spellings(who.email))
+    for voter in voters(config, who, email):
+        assert is_requester(requesters, voter, config)
+        why = gate_refusal(gate, requesters=requesters, voter=voter, config=config)
+        if not allow_self:
+            assert why is not None, voter
+        elif voter.person is not None:
+            assert why is None, voter  # a listed approver, allowed to approve their own call
+        else:
+            # Unknown to the directory: an approver only where the gate lists nobody.
+            assert why == (NOT_AN_APPROVER if listed else None)
+
+
+@given(directories(), st.data())
+def test_someone_else_is_never_taken_for_the_requester(entries: list[Entry], data: st.DataObject) -> None:
+    config = config_of(entries)
+    requester = data.draw(st.sampled_from(entries))
+    others = [e for e in entries if e is not requester]
+    spelled = data.draw(spellings(data.draw(st.sampled_from([requester.key, requester.email]))))
+    requesters = (config.recognise(spelled), spelled)
+    gate = {"approvers": [e.key for e in entries], "quorum": 1}
+    for other in others:
+        for voter in voters(config, other, other.email)[:3]:
+            assert not is_requester(requesters, voter, config)
+            assert gate_refusal(gate, requesters=requesters, voter=voter, config=config) is None
+
+
+def test_one_identifier_may_name_only_one_person() -> None:
+    people = {
+        "dana": {"email": "dana@example.com", "slack": "U0DANA"},
+        "eve": {"email": "DANA@example.com "},
+        "U0dana": {},
+    }
+    with pytest.raises(ConfigError) as err:
+        parse_config({"people": people}, source="test.yaml")
+    assert err.value.problems == [
+        "test.yaml: people.eve.email: 'DANA@example.com ' also names people.dana; every key, "
+        "channel id and email (in any letter case) must belong to one person",
+        "test.yaml: people.U0dana: 'U0dana' also names people.dana; every key, "
+        "channel id and email (in any letter case) must belong to one person",
+    ]
+
+
+def test_an_unknown_requester_is_still_compared_in_any_spelling() -> None:
+    config = parse_config({}, source="test.yaml")
+    stranger = Voter("ops-slack", "slack", "U0STRANGER", email="s@example.com")
+    gate: dict[str, Any] = {"approvers": [], "quorum": 1}
+    for spelled in ("u0stranger", " U0STRANGER ", "S@Example.com"):
+        assert gate_refusal(gate, requesters=(spelled, spelled), voter=stranger, config=config) == OWN_CALL
+    assert gate_refusal(gate, requesters=(None, None), voter=stranger, config=config) is None
