@@ -202,7 +202,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 
 @config_app.command("check")
 def config_check(file: Annotated[Path, typer.Argument(help="The YAML file.")]) -> None:
-    """Validate a configuration file; print each problem with its path."""
+    """Validate a configuration file; print each problem with its path (and each warning)."""
     try:
         cfg = load_config(file)
     except ConfigError as exc:
@@ -214,6 +214,8 @@ def config_check(file: Annotated[Path, typer.Argument(help="The YAML file.")]) -
         f"{file}: ok ({len(cfg.channels)} channels, {len(cfg.people)} people, "
         f"{len(cfg.agents)} agents, {gates} gates)"
     )
+    for warning in cfg.warnings():
+        typer.echo(warning)
 
 
 @keys_app.command("create")

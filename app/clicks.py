@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
-from sqlmodel import col
+from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.config import SignoffConfig
@@ -23,9 +23,9 @@ from signoff.app.confirmations import (
     votes_for,
 )
 from signoff.app.db import transaction
-from signoff.app.models import ConfirmationRequest, Status, Vote
-from signoff.app.votes import is_requester
-from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel
+from signoff.app.models import ConfirmationRequest, Delivery, Status, Vote
+from signoff.app.votes import NOT_HERE, is_requester
+from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]
 
@@ -65,11 +65,16 @@ class ClickService:
         )
         why: str | None = None
         target = self._channels.get(channel)
-        if isinstance(target, InteractiveChannel):
+        if kind == "web":
+            why = NOT_HERE  # decided in Signoff itself, by operators: there is no card to click
+        elif isinstance(target, InteractiveChannel):
             async with self._reads() as session:
                 current = await get_request(session, click.request_id)
-            if current is not None and self._needs_email(current, voter):
-                voter, why = await self._with_email(target, voter)
+                posted = await _posted_card(session, click.request_id, channel) if current else None
+            if current is not None and current.channel == channel:
+                why = _elsewhere(target, posted, click)
+                if why is None and self._needs_email(current, voter):
+                    voter, why = await self._with_email(target, voter)
         async with transaction(self._sessions) as session:
             result: VoteResult | None
             if why is not None:
@@ -135,6 +140,29 @@ class ClickService:
                 .where(col(Vote.channel) == channel, col(Vote.user_id) == user_id)
                 .values(**values)
             )
+
+
+async def _posted_card(session: AsyncSession, request_id: str, channel: str) -> MessageRef | None:
+    """Where the request's card was posted on ``channel`` (None until it is)."""
+    ref = (
+        await session.exec(
+            select(Delivery.message_ref).where(
+                col(Delivery.request_id) == request_id,
+                col(Delivery.channel) == channel,
+                col(Delivery.kind) == "post",
+            )
+        )
+    ).first()
+    return {str(k): str(v) for k, v in ref.items()} if ref else None
+
+
+def _elsewhere(target: InteractiveChannel, posted: MessageRef | None, click: Click) -> str | None:
+    """Why a click on ``target`` does not count for the card posted there as ``posted``: it
+    came from another conversation (or did not say which)."""
+    conversation = target.conversation_of(posted)
+    if conversation is not None and click.conversation != conversation:
+        return NOT_HERE
+    return None
 
 
 def _missing_card(request_id: str) -> Card:

@@ -185,6 +185,23 @@ class SignoffConfig:
             return None
         return self._everyone.get(identity_key(user_id))
 
+    def warnings(self) -> list[str]:
+        """What is valid but likely not meant, each as ``file: path: warning: …``."""
+        found: list[str] = []
+        for agent, cfg in self.agents.items():
+            for i, hook in enumerate(cfg.hooks):
+                if isinstance(hook, ConfirmationGate) and not hook.approvers:
+                    who = (
+                        "any operator"
+                        if self.is_web(hook.channel)
+                        else f"anyone in the channel {hook.channel!r}"
+                    )
+                    found.append(
+                        f"{self.source}: agents.{agent}.hooks[{i}].approvers: warning: none listed, "
+                        f"so {who} may approve; list the people who may"
+                    )
+        return found
+
     def channel_id_of(self, person: str, channel_type: str) -> str | None:
         entry = self.people.get(person)
         if entry is None:

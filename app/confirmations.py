@@ -320,7 +320,8 @@ async def cast_vote(
         await _settle(session, req, won, Status.EXPIRED, expiry, late, now)
         return await refuse("This request has already expired.")
     requesters = (req.requester, req.user_id)
-    if (why := gate_refusal(req.gate, requesters=requesters, voter=voter, config=config)) is not None:
+    why = gate_refusal(req.gate, channel=req.channel, requesters=requesters, voter=voter, config=config)
+    if why is not None:
         return await refuse(why)
     if (
         verdict is Verdict.REJECT

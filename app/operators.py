@@ -21,6 +21,7 @@ def operator_voter(operator: str, config: SignoffConfig, *, via: str = "web") ->
         name=config.display_name(person) if person else operator,
         person=person,
         identity={"via": via},
+        operator=True,
     )
 
 

@@ -78,6 +78,8 @@ class Runtime:
         channels: dict[str, Channel] | None = None,
     ) -> Runtime:
         config = config if config is not None else load_config(settings.config)
+        for warning in config.warnings():
+            log.warning("%s", warning)
         engine = create_engine(settings.database_url)
         hub = Hub()
         sessions = async_sessionmaker(

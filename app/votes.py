@@ -8,6 +8,9 @@ People are recognised by their directory key, any of their channel ids or their 
 in any spelling (:func:`signoff.app.config.identity_key`). Recognition is used both
 ways, and never to the voter's advantage:
 
+- a click counts only from the **channel** its card was posted to (the channel's
+  conversation is checked by :class:`signoff.app.clicks.ClickService`); operators,
+  authenticated, decide wherever the card went;
 - being an **approver** takes the id the channel vouched for (the clicker's user id on
   that channel type, or the operator's name): a looked-up email grants nothing, since a
   profile's email may be the clicker's to edit;
@@ -25,8 +28,9 @@ from typing import Any
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, identity_key
 
-__all__ = ["Voter", "gate_refusal", "is_requester"]
+__all__ = ["NOT_AN_APPROVER", "NOT_HERE", "OWN_CALL", "Voter", "gate_refusal", "is_requester"]
 
+NOT_HERE = "This request's card was not posted here, so a click here does not count."
 NOT_AN_APPROVER = "You are not an approver for this request."
 OWN_CALL = "You cannot approve a call made on your own behalf."
 
@@ -44,6 +48,9 @@ class Voter:
     identity: Mapping[str, str] | None = None
     email: str | None = None
     """Looked up from the channel when it mattered (it counts against self-approval only)."""
+    operator: bool = False
+    """An authenticated operator (operator API, CLI, console), who may decide a gate posted
+    to any channel; everyone else votes only on a card in the channel it was posted to."""
 
     @property
     def key(self) -> str:
@@ -92,9 +99,17 @@ def _is_approver(approvers: Iterable[str], voter: Voter, config: SignoffConfig) 
 
 
 def gate_refusal(
-    gate: Mapping[str, Any], *, requesters: Iterable[str | None], voter: Voter, config: SignoffConfig
+    gate: Mapping[str, Any],
+    *,
+    channel: str,
+    requesters: Iterable[str | None],
+    voter: Voter,
+    config: SignoffConfig,
 ) -> str | None:
-    """Why ``voter`` may not vote on ``gate`` (a request's gate snapshot), or None if they may."""
+    """Why ``voter`` may not vote on ``gate`` (a request's gate snapshot, its card posted to
+    ``channel``), or None if they may."""
+    if not voter.operator and voter.channel != channel:
+        return NOT_HERE
     approvers: list[str] = list(gate.get("approvers") or [])
     if approvers and not _is_approver(approvers, voter, config):
         return NOT_AN_APPROVER

@@ -90,6 +90,10 @@ class Click:
     """The platform's delivery id, for de-duplicating redeliveries."""
     identity: Mapping[str, str] = field(default_factory=dict)
     """Platform facts about the clicker recorded for the audit trail (team id, open_id, …)."""
+    conversation: str | None = None
+    """The conversation the clicked card is in (a Slack channel id, a Feishu chat id), as the
+    platform says; ``None`` when it does not (a click in Slack's Home tab). A click counts
+    only in the conversation its card was posted to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +201,11 @@ class InteractiveChannel(Channel, Protocol):
 
     async def start(self, handler: ClickHandler) -> None:
         """Start receiving over a platform connection (Socket Mode, long connection), if configured."""
+        ...
+
+    def conversation_of(self, ref: MessageRef | None) -> str | None:
+        """The conversation a card posted with ``ref`` is in (before it is posted, ``None``:
+        the one it will be posted to); ``None`` if this channel has no conversations."""
         ...
 
     async def lookup_user(self, user_id: str) -> tuple[str | None, str | None]:

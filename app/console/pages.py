@@ -208,7 +208,8 @@ class RequestView:
 def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: SignoffConfig) -> str | None:
     # The state machine's own rule, asked in advance.
     voter = operator_voter(person, config)
-    why = gate_refusal(req.gate, requesters=(req.requester, req.user_id), voter=voter, config=config)
+    requesters = (req.requester, req.user_id)
+    why = gate_refusal(req.gate, channel=req.channel, requesters=requesters, voter=voter, config=config)
     if why == NOT_AN_APPROVER:
         return "You are not one of this gate's approvers: your vote would be refused."
     if why == OWN_CALL:

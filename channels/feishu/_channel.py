@@ -128,6 +128,10 @@ class FeishuChannel:
         )
         await self._call("update card", lambda: self._client.im.v1.message.patch(request))
 
+    def conversation_of(self, ref: MessageRef | None) -> str:
+        """The group chat the card is in: the one this channel posts to."""
+        return self.config.chat_id
+
     async def lookup_user(self, open_id: str) -> tuple[str | None, str | None]:
         """Name and email of a user (``contact.v3.user.get``), ``None`` where not visible to the app."""
         from lark_oapi.api.contact.v3 import GetUserRequest

@@ -66,19 +66,22 @@ def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
     """Parse a verified ``card.action.trigger`` (or, with ``legacy``, an old card callback).
 
     The clicker is identified by ``open_id`` (per app); ``union_id``, ``user_id``,
-    ``tenant_key`` and the delivery's ``event_id`` go into ``identity`` for the
-    audit trail. Raises :class:`CallbackRejected` (400) when the click does not
+    ``tenant_key``, the delivery's ``event_id`` and the card's ``open_message_id`` go
+    into ``identity`` for the audit trail, the card's ``open_chat_id`` into
+    ``conversation``. Raises :class:`CallbackRejected` (400) when the click does not
     name a request and a verdict.
     """
     if legacy:
         operator: Mapping[str, Any] = payload
         header: Mapping[str, Any] = {}
         action = _object(payload.get("action"), "action")
+        context: Mapping[str, Any] = payload
     else:
         header = _object(payload.get("header"), "header")
         event = _object(payload.get("event"), "event")
         operator = _object(event.get("operator"), "operator")
         action = _object(event.get("action"), "action")
+        context = _object(event.get("context") or {}, "context")
 
     open_id = _text(operator.get("open_id"))
     if open_id is None:
@@ -97,5 +100,7 @@ def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
             user_id=operator.get("user_id"),
             tenant_key=operator.get("tenant_key") or header.get("tenant_key"),
             event_id=event_id,
+            open_message_id=context.get("open_message_id"),
         ),
+        conversation=_text(context.get("open_chat_id")),
     )

@@ -316,6 +316,12 @@ class SlackChannel:
                 "slack channel %s: chat.postEphemeral failed: %s", self.name, delivery_error(exc).reason
             )
 
+    def conversation_of(self, ref: MessageRef | None) -> str:
+        """The Slack channel id the card is in: as ``chat.postMessage`` answered, or the
+        configured one for a card not posted yet."""
+        channel = ref.get("channel") if ref else None
+        return channel or self._config.channel
+
     async def lookup_user(self, user_id: str) -> tuple[str | None, str | None]:
         """The clicker's name and email (``users.info``; the email needs ``users:read.email``)."""
         try:

@@ -134,6 +134,7 @@ def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
             user_name=_user_name(user),
             event_id=f"{action_ts}:{user_id}" if action_ts else None,
             identity=identity,
+            conversation=identity.get("channel_id"),
         )
     return None
 
@@ -172,6 +173,8 @@ def click_from_view_submission(payload: Mapping[str, Any]) -> Click | None:
         reason=reason,
         event_id=f"{view_id}:{reason_digest}",
         identity=identity,
+        # Set by this app when it opened the modal from the card's Reject button.
+        conversation=identity.get("channel_id"),
     )
 
 

@@ -445,8 +445,33 @@ def test_config_check_ok(tmp_path: Path) -> None:
     path = write(tmp_path, DEFAULT_CONFIG)
     result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == f"{path}: ok (2 channels, 3 people, 2 agents, 3 gates)"
+    assert result.stdout.strip().splitlines() == [
+        f"{path}: ok (2 channels, 3 people, 2 agents, 3 gates)",
+        f"{path}: agents.finance-bot.hooks[2].approvers: warning: none listed, so anyone in the "
+        "channel 'chat' may approve; list the people who may",
+    ]
     assert result.stderr == ""
+
+
+def test_config_check_warns_of_gates_anyone_may_approve(tmp_path: Path) -> None:
+    body = copy.deepcopy(DEFAULT_CONFIG)
+    body["agents"]["other-bot"]["hooks"] = [
+        {"type": "confirmation_gate", "tools": ["*"], "channel": "web"},
+        {"type": "confirmation_gate", "tools": ["x"], "channel": "chat", "approvers": ["alice"]},
+    ]
+    path = write(tmp_path, body)
+    done = subprocess.run(
+        [str(SIGNOFF), "config", "check", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    warnings = [line for line in done.stdout.splitlines() if "warning" in line]
+    assert warnings == [
+        f"{path}: agents.finance-bot.hooks[2].approvers: warning: none listed, so anyone in the "
+        "channel 'chat' may approve; list the people who may",
+        f"{path}: agents.other-bot.hooks[0].approvers: warning: none listed, so any operator may "
+        "approve; list the people who may",
+    ]
 
 
 def test_config_check_lists_every_problem_on_stderr(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from signoff.app.config import ConfigError, SignoffConfig, identity_key, parse_config
-from signoff.app.votes import NOT_AN_APPROVER, OWN_CALL, Voter, gate_refusal, is_requester
+from signoff.app.votes import NOT_AN_APPROVER, NOT_HERE, OWN_CALL, Voter, gate_refusal, is_requester
 
 KEYS = st.from_regex(r"[a-z][a-z0-9_.-]{0,11}", fullmatch=True)
 SPACE = st.text(alphabet=" \t\n\u00a0\u2003\u3000", max_size=3)
@@ -94,7 +94,7 @@ def voters(config: SignoffConfig, who: Entry, email_spelling: str) -> list[Voter
     return [
         Voter("ops-slack", "slack", who.slack, person=config.person_for("slack", who.slack)),
         Voter("ops-feishu", "feishu", who.feishu, person=config.person_for("feishu", who.feishu)),
-        Voter("web", "web", who.key, person=config.person_for("web", who.key)),
+        Voter("web", "web", who.key, person=config.person_for("web", who.key), operator=True),
         Voter("ops-slack", "slack", "U0SECONDACCOUNT", email=email_spelling),
     ]
 
@@ -120,7 +120,7 @@ def test_the_requester_so_recognised_never_approves_their_own_call(
     email = data.draw(spellings(who.email))
     for voter in voters(config, who, email):
         assert is_requester(requesters, voter, config)
-        why = gate_refusal(gate, requesters=requesters, voter=voter, config=config)
+        why = gate_refusal(gate, channel=voter.channel, requesters=requesters, voter=voter, config=config)
         if not allow_self:
             assert why is not None, voter
         elif voter.person is not None:
@@ -141,7 +141,8 @@ def test_someone_else_is_never_taken_for_the_requester(entries: list[Entry], dat
     for other in others:
         for voter in voters(config, other, other.email)[:3]:
             assert not is_requester(requesters, voter, config)
-            assert gate_refusal(gate, requesters=requesters, voter=voter, config=config) is None
+            why = gate_refusal(gate, channel=voter.channel, requesters=requesters, voter=voter, config=config)
+            assert why is None
 
 
 def test_one_identifier_may_name_only_one_person() -> None:
@@ -165,5 +166,24 @@ def test_an_unknown_requester_is_still_compared_in_any_spelling() -> None:
     stranger = Voter("ops-slack", "slack", "U0STRANGER", email="s@example.com")
     gate: dict[str, Any] = {"approvers": [], "quorum": 1}
     for spelled in ("u0stranger", " U0STRANGER ", "S@Example.com"):
-        assert gate_refusal(gate, requesters=(spelled, spelled), voter=stranger, config=config) == OWN_CALL
-    assert gate_refusal(gate, requesters=(None, None), voter=stranger, config=config) is None
+        why = gate_refusal(
+            gate, channel="ops-slack", requesters=(spelled, spelled), voter=stranger, config=config
+        )
+        assert why == OWN_CALL
+    assert (
+        gate_refusal(gate, channel="ops-slack", requesters=(None, None), voter=stranger, config=config)
+        is None
+    )
+
+
+@given(directories(), st.data(), st.booleans())
+def test_a_click_counts_only_on_the_channel_its_card_was_posted_to(
+    entries: list[Entry], data: st.DataObject, listed: bool
+) -> None:
+    config = config_of(entries)
+    who = data.draw(st.sampled_from(entries))
+    gate = {"approvers": [e.key for e in entries] if listed else [], "quorum": 1}
+    for voter in voters(config, who, who.email):
+        elsewhere = gate_refusal(gate, channel="finance-chat", requesters=(), voter=voter, config=config)
+        # Operators, authenticated, decide wherever the card went; nobody else does.
+        assert elsewhere == (None if voter.operator else NOT_HERE), voter

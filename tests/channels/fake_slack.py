@@ -69,6 +69,8 @@ class FakeSlack:
         self.calls: list[Call] = []
         self.users: dict[str, dict[str, Any]] = copy.deepcopy(USERS)
         """What ``users.info`` knows; add to it for a test's own clickers."""
+        self.conversations: set[str] = {CHANNEL}
+        """The channels the bot is in; add to them for a test's own."""
         self.messages: dict[tuple[str, str], dict[str, Any]] = {}
         self.acks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.socket_connected = asyncio.Event()
@@ -148,7 +150,7 @@ class FakeSlack:
 
     def _post_message(self, args: dict[str, Any]) -> web.Response:
         channel = args.get("channel")
-        if channel != CHANNEL:
+        if channel not in self.conversations:
             return _error("channel_not_found")
         if not _valid_blocks(args.get("blocks")):
             return _error("invalid_blocks")
@@ -159,7 +161,7 @@ class FakeSlack:
 
     def _update(self, args: dict[str, Any]) -> web.Response:
         key = (str(args.get("channel")), str(args.get("ts")))
-        if key[0] != CHANNEL:
+        if key[0] not in self.conversations:
             return _error("channel_not_found")
         if key not in self.messages:
             return _error("message_not_found")
@@ -169,7 +171,7 @@ class FakeSlack:
         return _ok({"channel": key[0], "ts": key[1], "text": args.get("text")})
 
     def _post_ephemeral(self, args: dict[str, Any]) -> web.Response:
-        if args.get("channel") != CHANNEL:
+        if args.get("channel") not in self.conversations:
             return _error("channel_not_found")
         if not args.get("user"):
             return _error("user_not_found")

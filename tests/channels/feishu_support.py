@@ -72,8 +72,9 @@ def card_action(
     token: str = TOKEN,
     reason: str | None = None,
     open_id: str = "ou_alice",
+    chat: str = CHAT,
 ) -> dict[str, Any]:
-    """The documented ``card.action.trigger`` payload, clicking one of our buttons."""
+    """The documented ``card.action.trigger`` payload, clicking one of our buttons in ``chat``."""
     payload: dict[str, Any] = copy.deepcopy(fixture("card_action_trigger.v2.doc_derived.openlark.json"))
     payload["header"]["event_id"] = event_id
     payload["header"]["token"] = token
@@ -84,6 +85,7 @@ def card_action(
         action["form_value"] = {"reason": reason}
     payload["event"]["operator"]["open_id"] = open_id
     payload["event"]["operator"]["union_id"] = "on_union_alice"
+    payload["event"]["context"]["open_chat_id"] = chat
     return payload
 
 

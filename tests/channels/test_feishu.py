@@ -26,6 +26,7 @@ from signoff.channels.feishu import (
 )
 from tests.channels.feishu_fake import FakeFeishu, validate_card
 from tests.channels.feishu_support import (
+    CHAT,
     ENCRYPT_KEY,
     NOW,
     TOKEN,
@@ -297,7 +298,9 @@ def test_parse_click_identity_and_reason() -> None:
         "user_id": "on_8f6f0d15799e5c45",
         "tenant_key": "736588c9260f175d",
         "event_id": "ev-9",
+        "open_message_id": "om_dc0d7ab6d7b734d5bff5c0556e8e7616",
     }
+    assert click.conversation == CHAT
 
 
 def test_parse_form_submit_fixture_shape() -> None:
@@ -305,7 +308,12 @@ def test_parse_form_submit_fixture_shape() -> None:
     payload["event"]["action"]["value"] = {"request_id": "req-2", "verdict": "reject"}
     click = parse_click(payload)
     assert (click.verdict, click.reason, click.user_id) == (Verdict.REJECT, "testing", "ou_form_user")
-    assert click.identity == {"open_id": "ou_form_user", "event_id": "ev_form_001"}
+    assert click.identity == {
+        "open_id": "ou_form_user",
+        "event_id": "ev_form_001",
+        "open_message_id": "om_form_001",
+    }
+    assert click.conversation == "oc_chat_002"
 
 
 def test_parse_legacy_click_with_string_value() -> None:

@@ -17,6 +17,7 @@ from signoff.app.config import parse_config
 from signoff.app.models import AuditEvent, Vote
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
+from signoff.app.votes import NOT_HERE
 from signoff.channels.slack import ACTION_APPROVE, ACTION_REJECT
 from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
 from tests.channels.slack_support import (
@@ -218,10 +219,10 @@ async def test_the_requester_cannot_approve_their_own_call(
     assert (await http.get(f"/v1/requests/{rid}", headers=agent)).json()["status"] == "pending"
 
 
-async def test_a_home_tab_click_without_channel_or_message_is_harmless(
+async def test_a_home_tab_click_without_channel_or_message_does_not_count(
     fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
 ) -> None:
-    _, http = slack_server
+    server, http = slack_server
     agent = {"Authorization": f"Bearer {agent_key}"}
     rid = (
         await http.post(
@@ -232,7 +233,8 @@ async def test_a_home_tab_click_without_channel_or_message_is_harmless(
     ).json()["request_id"]
     home = fixture("block_actions_slack_docs_home_tab.json")
     home["user"]["id"] = "W0ALICE"
-    # Even aimed at our button, a click from a Home tab has no message to update: it still counts once.
+    # Aimed at our button from a Home tab, a click names no conversation: it cannot be shown
+    # to come from the one the card was posted to, so it is refused (and audited).
     home["actions"][0].update(action_id=ACTION_APPROVE, value=rid)
     b, h = signed_now(home)
     assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
@@ -240,8 +242,11 @@ async def test_a_home_tab_click_without_channel_or_message_is_harmless(
     b, h = signed_now(foreign)
     assert (await http.post(f"/callbacks/slack/{NAME}", content=b, headers=h)).status_code == 200
     state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
-    assert state["status"] == "approved"
-    assert [v["user_id"] for v in state["votes"]] == ["W0ALICE"]
+    assert state["status"] == "pending"
+    assert state["votes"] == []
+    async with server.runtime.sessions() as s:
+        refused = (await s.exec(select(AuditEvent).where(col(AuditEvent.action) == "vote_refused"))).all()
+    assert [(e.actor_id, e.detail["why"]) for e in refused] == [("W0ALICE", NOT_HERE)]
 
 
 async def test_racing_approvers_get_one_outcome_and_the_loser_is_told(

@@ -226,6 +226,7 @@ def test_approve_click_records_identity() -> None:
             "channel_id": "C0SIGNOFF",
             "message_ts": "111.222",
         },
+        conversation="C0SIGNOFF",
     )
 
 
@@ -258,6 +259,7 @@ def test_home_tab_click_has_no_channel() -> None:
     assert click is not None
     assert click.request_id == "req-9"
     assert "channel_id" not in click.identity
+    assert click.conversation is None
     assert click.identity["team_id"] == "T9TK3CUKW"
 
 
