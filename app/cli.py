@@ -29,6 +29,7 @@ from signoff.app.keys import create_key, revoke_keys
 from signoff.app.models import AgentKey, ConfirmationRequest, Status
 from signoff.app.operators import decide
 from signoff.app.settings import Settings
+from signoff.app.votes import gates_of
 from signoff.channels import Verdict
 
 app = typer.Typer(
@@ -307,7 +308,8 @@ def _decide(request_id: str, verdict: Verdict, reason: str | None, as_: str | No
             req = await get_request(session, request_id)
             if req is None:
                 return None
-            approvers = ", ".join(req.gate.get("approvers") or []) or "anyone listed in people"
+            listed = dict.fromkeys(a for g in gates_of(req) for a in g.get("approvers") or ())
+            approvers = ", ".join(listed) or "anyone listed in people"
             raise CliError(
                 f"say who decides: `signoff requests {verdict.value} {request_id} --as NAME` "
                 f"(approvers of this request: {approvers})",

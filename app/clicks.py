@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -24,7 +25,7 @@ from signoff.app.confirmations import (
 )
 from signoff.app.db import transaction
 from signoff.app.models import ConfirmationRequest, Delivery, Status, Vote
-from signoff.app.votes import NOT_HERE, is_requester
+from signoff.app.votes import NOT_HERE, eligible_gates, gates_of
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]
@@ -71,9 +72,11 @@ class ClickService:
             async with self._reads() as session:
                 current = await get_request(session, click.request_id)
                 posted = await _posted_card(session, click.request_id, channel) if current else None
-            if current is not None and current.channel == channel:
+            # On a card of another channel the state machine refuses it (audited there).
+            gates = [g for g in gates_of(current) if g.get("channel") == channel] if current else []
+            if current is not None and gates:
                 why = _elsewhere(target, posted, click)
-                if why is None and self._needs_email(current, voter):
+                if why is None and self._needs_email(current, gates, voter):
                     voter, why = await self._with_email(target, voter)
         async with transaction(self._sessions) as session:
             result: VoteResult | None
@@ -100,18 +103,20 @@ class ClickService:
         # The card as committed, read after the write transaction has let go.
         async with self._reads() as session:
             votes = await votes_for(session, result.request.id)
-        card = build_card(result.request, votes, self._config, kind)
+        card = build_card(result.request, votes, self._config, kind, channel=channel)
         return ClickOutcome(result.accepted, result.message, card)
 
-    def _needs_email(self, req: ConfirmationRequest, voter: Voter) -> bool:
+    def _needs_email(self, req: ConfirmationRequest, gates: list[Mapping[str, Any]], voter: Voter) -> bool:
         """Whether the clicker's email could show the call was made for them: the request
-        is open, names someone, forbids self-approval, and the ids alone do not tell (when
-        both are people of the directory, the directory has already told)."""
-        if req.status != Status.PENDING or req.gate.get("allow_self_approval", False):
-            return False
+        is open and names someone, a gate of this card the clicker may otherwise vote on
+        forbids self-approval, and the ids alone do not tell (when both are people of the
+        directory, the directory has already told)."""
         requesters = (req.requester, req.user_id)
-        if not any(requesters) or is_requester(requesters, voter, self._config):
+        if req.status != Status.PENDING or not any(requesters):
             return False
+        eligible, _ = eligible_gates(gates, requesters=requesters, voter=voter, config=self._config)
+        if all(gates[i].get("allow_self_approval", False) for i in eligible):
+            return False  # no gate to vote on (refused anyway), or self-approval is allowed
         return voter.person is None or not any(self._config.recognise(r) for r in requesters)
 
     async def _with_email(self, target: InteractiveChannel, voter: Voter) -> tuple[Voter, str | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -184,6 +185,26 @@ class SignoffConfig:
         if user_id is None:
             return None
         return self._everyone.get(identity_key(user_id))
+
+    @cached_property
+    def _confirmation_gates(self) -> dict[str, tuple[tuple[str, ConfirmationGate], ...]]:
+        keyed: dict[str, tuple[tuple[str, ConfirmationGate], ...]] = {}
+        for agent, cfg in self.agents.items():
+            gates = [h for h in cfg.hooks if isinstance(h, ConfirmationGate)]
+            labels = Counter(g.label for g in gates)
+            seen: Counter[str] = Counter()
+            named = []
+            for gate in gates:
+                seen[gate.label] += 1
+                key = gate.label if labels[gate.label] == 1 else f"{gate.label} #{seen[gate.label]}"
+                named.append((key, gate))
+            keyed[agent] = tuple(sorted(named, key=lambda kg: kg[1].priority))  # the order they run
+        return keyed
+
+    def confirmation_gates(self, agent: str) -> tuple[tuple[str, ConfirmationGate], ...]:
+        """The agent's confirmation gates in the order they run, each with the key a request
+        records it by: its name (numbered when two gates share one)."""
+        return self._confirmation_gates.get(agent, ())
 
     def warnings(self) -> list[str]:
         """What is valid but likely not meant, each as ``file: path: warning: …``."""

@@ -28,8 +28,8 @@ from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
-from signoff.app.votes import Voter, gate_refusal
-from signoff.channels import Card, Person, Verdict
+from signoff.app.votes import NOT_AN_APPROVER, Voter, eligible_gates, gates_of
+from signoff.channels import Card, GateProgress, Person, Verdict
 from signoff.hooks import Decision, HookResult
 from signoff.hooks._gate import describe_request
 
@@ -75,6 +75,7 @@ _CARDS = (
     .with_for_update()
 )
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
+_VOTE_KEY = ("request_id", "gate", "voter")
 
 
 def _row(obj: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -127,26 +128,28 @@ def _on_postgres(session: AsyncSession) -> bool:
     return dialect_of(session) == "postgresql"
 
 
-async def _queue_update(session: AsyncSession, request_id: str, channel: str) -> None:
-    """Owe the channel a redraw of the request's card (one queued redraw is enough).
-
-    Only a channel the card was posted to is owed one: a ``web`` channel, whatever its
-    name, never got a card (intake decides that, by the channel's type).
-    """
+async def _queue_updates(session: AsyncSession, request_id: str) -> None:
+    """Owe every channel the request's card was posted to a redraw (one queued redraw each is
+    enough). A ``web`` channel, whatever its name, never got a card: intake decided that, by
+    the channel's type."""
     # Only the request's own few deliveries, by the request_id index (with the status in SQL,
     # SQLite's planner prefers the status index and scans every pending delivery), locked:
     # a dispatcher claiming one of them waits for this transaction, so it draws the card
     # as this transaction leaves it.
     rows = (await session.exec(_CARDS, params={"request_id": request_id})).all()
-    if not any(ch == channel and kind == "post" for ch, kind, _, _ in rows):
-        return
-    queued = any(
-        ch == channel and kind == "update" and status == OutboxStatus.PENDING and leased is None
+    posted = dict.fromkeys(ch for ch, kind, _, _ in rows if kind == "post")
+    queued = {
+        ch
         for ch, kind, status, leased in rows
-    )
-    if not queued:
-        delivery = Delivery(request_id=request_id, channel=channel, kind="update")
-        await session.exec(_INSERT_DELIVERY, params=_row(delivery, skip=("id",)))
+        if kind == "update" and status == OutboxStatus.PENDING and leased is None
+    }
+    owed = [
+        _row(Delivery(request_id=request_id, channel=ch, kind="update"), skip=("id",))
+        for ch in posted
+        if ch not in queued
+    ]
+    if owed:
+        await session.exec(_INSERT_DELIVERY, params=owed)
         session.sync_session.info[OUTBOX_KEY] = True
 
 
@@ -169,7 +172,7 @@ def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
             decided_by_user_id=sa.bindparam("new_user_id"),
             decided_by_name=sa.bindparam("new_name"),
         )
-        .returning(r.channel, r.created_at)
+        .returning(r.created_at)
     )
     return stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, r.id)) if notify else stmt
 
@@ -206,8 +209,8 @@ async def transition(
     if row is None:
         await audit.append_many(session, along)
         return False
-    _observe(target, now, row[1])
-    await _queue_update(session, request_id, row[0])
+    _observe(target, now, row[0])
+    await _queue_updates(session, request_id)
     await _mark_decided(session, [request_id], notified=postgres)
     # The audit events last: on PostgreSQL the head row stays locked until commit.
     await audit.append_many(
@@ -244,18 +247,14 @@ async def expire_overdue(
                 decided_by_user_id="expiry",
                 decided_by_name=None,
             )
-            .returning(
-                col(ConfirmationRequest.id),
-                col(ConfirmationRequest.channel),
-                col(ConfirmationRequest.created_at),
-            )
+            .returning(col(ConfirmationRequest.id), col(ConfirmationRequest.created_at))
             .execution_options(synchronize_session=False)
         )
     ).all()
     for r in rows:
-        _observe(Status.EXPIRED, now, r[2])
-    expired = sorted((str(r[0]), str(r[1])) for r in rows)
-    for rid, channel in expired:
+        _observe(Status.EXPIRED, now, r[1])
+    expired = sorted(str(r[0]) for r in rows)
+    for rid in expired:
         await audit.append(
             session,
             Status.EXPIRED.value,
@@ -263,9 +262,9 @@ async def expire_overdue(
             request_id=rid,
             detail={"reason": "no decision before the deadline"},
         )
-        await _queue_update(session, rid, channel)
-    await _mark_decided(session, [rid for rid, _ in expired])
-    return [rid for rid, _ in expired]
+        await _queue_updates(session, rid)
+    await _mark_decided(session, expired)
+    return expired
 
 
 # --- votes -------------------------------------------------------------------------------------
@@ -319,19 +318,78 @@ async def cast_vote(
         won = await transition(session, request_id, Status.EXPIRED, actor=expiry, reason=late, now=now)
         await _settle(session, req, won, Status.EXPIRED, expiry, late, now)
         return await refuse("This request has already expired.")
+    gates = gates_of(req)
     requesters = (req.requester, req.user_id)
-    why = gate_refusal(req.gate, channel=req.channel, requesters=requesters, voter=voter, config=config)
-    if why is not None:
-        return await refuse(why)
+    eligible, why = eligible_gates(gates, requesters=requesters, voter=voter, config=config)
+    if not eligible:
+        return await refuse(why or NOT_AN_APPROVER)
     if (
         verdict is Verdict.REJECT
-        and req.gate.get("require_reject_reason")
+        and any(gates[i].get("require_reject_reason") for i in eligible)
         and not (reason and reason.strip())
     ):
         return await refuse("A reason is required to reject this request.")
 
+    # One row per gate the vote counts for; a gate this voter already voted on keeps that vote.
+    counted = [i for i in eligible if await _insert_vote(session, request_id, i, voter, verdict, reason, now)]
+    if not counted:
+        return await refuse("You have already voted on this request.")
+    names = [str(gates[i].get("name", "")) for i in counted]
+    voted = [audit.Entry("vote", voter.actor, request_id, {**detail, "gates": names})]
+
+    decided_by = voter.actor
+    if verdict is Verdict.REJECT:
+        won = await transition(
+            session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now, along=voted
+        )
+        await _settle(session, req, won, Status.REJECTED, decided_by, reason, now)
+        return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
+
+    quorums = [int(g.get("quorum", 1)) for g in gates]
+    # One gate with a quorum of one: this vote is the approval (the request was pending, under lock).
+    approvals = [1] if quorums == [1] else await _approvals(session, request_id, len(gates))
+    if all(a >= q for a, q in zip(approvals, quorums, strict=True)):
+        won = await transition(
+            session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
+        )
+        await _settle(session, req, won, Status.APPROVED, decided_by, reason, now)
+        return VoteResult(True, f"Approved by {decided_by.name or decided_by.id}.", req, decided=True)
+    await _queue_updates(session, request_id)
+    await audit.append_many(session, voted)
+    return VoteResult(True, _progress(gates, counted, approvals, quorums), req)
+
+
+def _progress(
+    gates: Sequence[Mapping[str, Any]],
+    counted: Sequence[int],
+    approvals: Sequence[int],
+    quorums: Sequence[int],
+) -> str:
+    """What an approval that did not decide the request changed, and what it still waits for."""
+    if len(gates) == 1:
+        return f"Approval recorded ({approvals[0]} of {quorums[0]})."
+
+    def state(i: int) -> str:
+        return f"{gates[i].get('name', '')} {approvals[i]} of {quorums[i]}"
+
+    waiting = [i for i in range(len(gates)) if approvals[i] < quorums[i]]
+    recorded = ", ".join(state(i) for i in counted)
+    return f"Approval recorded ({recorded}); still waiting for {', '.join(state(i) for i in waiting)}."
+
+
+async def _insert_vote(
+    session: AsyncSession,
+    request_id: str,
+    gate: int,
+    voter: Voter,
+    verdict: Verdict,
+    reason: str | None,
+    now: datetime,
+) -> bool:
+    """Record ``voter``'s vote for gate ``gate``; False if they already voted on it."""
     vote = Vote(
         request_id=request_id,
+        gate=gate,
         voter=voter.key,
         verdict=verdict.value,
         channel=voter.channel,
@@ -342,30 +400,7 @@ async def cast_vote(
         identity=dict(voter.identity or {}),
         created_at=now,
     )
-    if not await _insert_unless_taken(session, _VOTES, ("request_id", "voter"), _row(vote, skip=("id",))):
-        return await refuse("You have already voted on this request.")
-    voted = [audit.Entry("vote", voter.actor, request_id, detail)]
-
-    decided_by = voter.actor
-    if verdict is Verdict.REJECT:
-        won = await transition(
-            session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now, along=voted
-        )
-        await _settle(session, req, won, Status.REJECTED, decided_by, reason, now)
-        return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
-
-    quorum = int(req.gate.get("quorum", 1))
-    # With a quorum of one, this vote is the approval (the request was pending, under lock).
-    approvals = 1 if quorum == 1 else await _approvals(session, request_id)
-    if approvals >= quorum:
-        won = await transition(
-            session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
-        )
-        await _settle(session, req, won, Status.APPROVED, decided_by, reason, now)
-        return VoteResult(True, f"Approved by {decided_by.name or decided_by.id}.", req, decided=True)
-    await _queue_update(session, request_id, req.channel)
-    await audit.append_many(session, voted)
-    return VoteResult(True, f"Approval recorded ({approvals} of {quorum}).", req)
+    return await _insert_unless_taken(session, _VOTES, _VOTE_KEY, _row(vote, skip=("id",)))
 
 
 def _vote_detail(voter: Voter, verdict: Verdict, reason: str | None) -> dict[str, Any]:
@@ -401,15 +436,15 @@ async def refuse_vote(
     return VoteResult(False, why, req)
 
 
-async def _approvals(session: AsyncSession, request_id: str) -> int:
-    count = select(sa.func.count()).select_from(Vote)
-    return int(
-        (
-            await session.exec(
-                count.where(col(Vote.request_id) == request_id, col(Vote.verdict) == "approve")
-            )
-        ).one()
+async def _approvals(session: AsyncSession, request_id: str, gates: int) -> list[int]:
+    """Approving votes per gate (index), for a request of ``gates`` gates."""
+    rows = await session.exec(
+        select(col(Vote.gate), sa.func.count())
+        .where(col(Vote.request_id) == request_id, col(Vote.verdict) == "approve")
+        .group_by(col(Vote.gate))
     )
+    counts = dict(rows.all())
+    return [int(counts.get(i, 0)) for i in range(gates)]
 
 
 # --- cards -------------------------------------------------------------------------------------
@@ -420,18 +455,32 @@ async def votes_for(session: AsyncSession, request_id: str) -> list[Vote]:
 
 
 def build_card(
-    req: ConfirmationRequest, votes: Sequence[Vote], config: SignoffConfig, channel_type: str
+    req: ConfirmationRequest, votes: Sequence[Vote], config: SignoffConfig, channel_type: str, *, channel: str
 ) -> Card:
-    """Plain data for a channel to draw ``req`` as it stands."""
+    """Plain data for ``channel`` to draw ``req`` as it stands: the card of the gates posted
+    there (and, when the request needs several gates, how each one stands)."""
 
     def person(key: str) -> Person:
         if key in config.people:
             return Person(config.display_name(key), config.channel_id_of(key, channel_type))
         return Person(key, key)
 
+    gates = gates_of(req)
+    here = [i for i, g in enumerate(gates) if g.get("channel") == channel] or list(range(len(gates)))
+    approving = [v for v in votes if v.verdict == "approve"]
+
+    def approvals(gate: int) -> tuple[Person, ...]:
+        return tuple(Person(v.name or v.voter, v.user_id) for v in approving if v.gate == gate)
+
+    progress = tuple(
+        GateProgress(str(g.get("name", "")), int(g.get("quorum", 1)), approvals(i), here=i in here)
+        for i, g in enumerate(gates)
+    )
     decided_by = None
     if req.status != Status.PENDING and req.decided_by_channel != "system":
         decided_by = Person(req.decided_by_name or req.decided_by_user_id or "", req.decided_by_user_id)
+    approvers = dict.fromkeys(a for i in here for a in gates[i].get("approvers") or ())
+    voters = {v.voter: Person(v.name or v.voter, v.user_id) for v in approving if v.gate in here}
     return Card(
         request_id=req.id,
         agent_id=req.agent_id,
@@ -440,16 +489,17 @@ def build_card(
         status=str(req.status.value if isinstance(req.status, Status) else req.status),
         created_at=req.created_at,
         expires_at=req.expires_at,
-        quorum=int(req.gate.get("quorum", 1)),
-        approvers=tuple(person(a) for a in req.gate.get("approvers") or ()),
+        quorum=sum(progress[i].quorum for i in here),
+        approvers=tuple(person(a) for a in approvers),
         requester=person(req.requester)
         if req.requester
         else (Person(req.user_id, req.user_id) if req.user_id else None),
-        approvals=tuple(Person(v.name or v.voter, v.user_id) for v in votes if v.verdict == "approve"),
+        approvals=tuple(voters.values()),
         decided_by=decided_by,
         decided_at=req.decided_at,
         reason=req.reason,
-        require_reject_reason=bool(req.gate.get("require_reject_reason", False)),
+        require_reject_reason=any(bool(gates[i].get("require_reject_reason", False)) for i in here),
+        gates=progress if len(gates) > 1 else (),
     )
 
 

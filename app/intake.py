@@ -35,6 +35,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.confirmations import OUTBOX_KEY, call_digest, decision_for, redact
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
+from signoff.app.votes import gates_of
 from signoff.hooks import Decision, HookContext, HookResult
 
 __all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
@@ -224,7 +225,8 @@ class Approvals:
             return f"{ctx.session_id}:{ctx.tool_call_id}"
         return None
 
-    def _replay(self, found: ConfirmationRequest, digest: str) -> HookResult:
+    def _replay(self, found: ConfirmationRequest, digest: str, key: str) -> HookResult:
+        """The answer for gate ``key`` from the request already holding the call's key."""
         if found.call_digest != digest:
             # Never let an approval for one call stand in for another.
             return HookResult.deny(
@@ -232,16 +234,40 @@ class Approvals:
                 f"(request {found.id}); send a new key for a new call"
             )
         self.request = found
+        if key not in {str(g.get("key", "")) for g in gates_of(found)}:
+            # Its approval never asked this gate (the configuration changed since, say).
+            return HookResult.deny(
+                f"gate {key!r} was not asked in request {found.id} under idempotency key "
+                f"{found.idempotency_key!r}; send a new key to ask every gate again",
+                request_id=found.id,
+            )
         return decision_for(found)
 
-    def _prepare(self, ctx: HookContext, gate: ConfirmationGate) -> NewRequest:
+    def _matching(self, ctx: HookContext, gate: ConfirmationGate) -> list[tuple[str, ConfirmationGate]]:
+        """Every confirmation gate of the agent that matches the call (``gate`` among them),
+        in the order they run, with the keys requests record them by."""
+        keyed = self._config.confirmation_gates(ctx.agent_id)
+        if not any(g is gate for _, g in keyed):
+            return [(gate.label, gate)]  # a gate from outside the configuration asks alone
+        return [(key, g) for key, g in keyed if g is gate or _matches(g, ctx)]
+
+    def _prepare(
+        self,
+        ctx: HookContext,
+        gate: ConfirmationGate,
+        matched: list[tuple[str, ConfirmationGate]] | None = None,
+    ) -> NewRequest:
+        """The request ``gate`` asks for: one for every gate that matches the call."""
         config = self._config
+        matched = matched or self._matching(ctx, gate)
         now = self._now or utcnow()
         words = (
             config.redact | frozenset(w.lower() for w in config.agents[ctx.agent_id].redact)
             if ctx.agent_id in config.agents
             else config.redact
         )
+        gates = [_snapshot(key, gate) for key, gate in matched]
+        first = matched[0][1]
         row: dict[str, Any] = {
             "id": uuid.uuid4().hex,
             "agent_id": ctx.agent_id,
@@ -253,37 +279,71 @@ class Approvals:
             "idempotency_key": self.idempotency_key(ctx),
             "call_digest": call_digest(ctx.tool_name, ctx.arguments),
             "request_metadata": redact(dict(ctx.metadata), words),
-            "gate": {
-                "name": gate.label,
-                "approvers": list(gate.approvers),
-                "quorum": gate.quorum,
-                "allow_self_approval": gate.allow_self_approval,
-                "require_reject_reason": gate.require_reject_reason,
-                "timeout_seconds": gate.timeout.total_seconds(),
-            },
-            "channel": gate.channel,
+            "gate": gates[0],
+            "gates": gates,
+            "channel": first.channel,
             "requester": config.recognise(ctx.user_id) or ctx.user_id,
             "created_at": now,
-            "expires_at": now + gate.timeout,
+            # The shortest deadline of the gates: each gate's approvers get no more than theirs.
+            "expires_at": now + min(gate.timeout for _, gate in matched),
             "status": Status.PENDING,
             **_UNDECIDED,
         }
-        detail = {"tool": ctx.tool_name, "gate": gate.label, "channel": gate.channel, "user_id": ctx.user_id}
-        return NewRequest(row, detail, cards=() if config.is_web(gate.channel) else (gate.channel,))
+        detail = {
+            "tool": ctx.tool_name,
+            "gate": first.label,
+            "gates": [g["name"] for g in gates],
+            "channel": first.channel,
+            "user_id": ctx.user_id,
+        }
+        channels = dict.fromkeys(gate.channel for _, gate in matched)
+        return NewRequest(row, detail, cards=tuple(ch for ch in channels if not config.is_web(ch)))
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
+        """One request for every gate the call matches: the first gate to ask makes it (or
+        finds the one its idempotency key holds); each later gate's answer is that request's."""
         assert isinstance(gate, ConfirmationGate)
-        new = self._prepare(ctx, gate)
+        matched = self._matching(ctx, gate)
+        key = next(k for k, g in matched if g is gate)
+        digest = call_digest(ctx.tool_name, ctx.arguments)
+        if self.request is not None:
+            # A later gate of this same call (an Approvals serves one call): the earlier gate
+            # let the call on by this request, which holds every gate that matched.
+            return self._replay(self.request, digest, key)
+        new = self._prepare(ctx, gate, matched)
         if self._intake is None or self._session.in_transaction():
             found = (await write_new_requests(self._session, [new]))[0]
         else:
             found = await self._intake.write(new)
         if found is not None:
-            return self._replay(found, new.row["call_digest"])
+            return self._replay(found, digest, key)
         req = from_row(ConfirmationRequest, new.row)
         self.created = self.request = req
+        where = ", ".join(dict.fromkeys(g.channel for _, g in matched))
         return HookResult(
             decision=Decision.PENDING,
-            reason=f"waiting for approval in {gate.channel} (request {req.id})",
+            reason=f"waiting for approval in {where} (request {req.id})",
             request_id=req.id,
         )
+
+
+def _matches(gate: ConfirmationGate, ctx: HookContext) -> bool:
+    try:
+        return gate.matches(ctx)
+    except Exception:
+        return True  # a gate that cannot tell asks its approvers (fail closed)
+
+
+def _snapshot(key: str, gate: ConfirmationGate) -> dict[str, Any]:
+    """The gate as the request records it: what its approvers decide by, whatever the
+    configuration becomes."""
+    return {
+        "key": key,
+        "name": gate.label,
+        "channel": gate.channel,
+        "approvers": list(gate.approvers),
+        "quorum": gate.quorum,
+        "allow_self_approval": gate.allow_self_approval,
+        "require_reject_reason": gate.require_reject_reason,
+        "timeout_seconds": gate.timeout.total_seconds(),
+    }

@@ -92,8 +92,16 @@ class ConfirmationRequest(SQLModel, table=True):
     idempotency key must carry the same call."""
     request_metadata: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     gate: dict[str, Any] = Field(sa_type=sa.JSON)
-    """The gate as it was when the request was made (name, approvers, quorum, …)."""
+    """The first gate that matched, as it was when the request was made (name, approvers,
+    quorum, …); ``gates`` holds them all."""
+    gates: list[dict[str, Any]] = Field(
+        default_factory=list, sa_type=sa.JSON, sa_column_kwargs={"server_default": "[]"}
+    )
+    """Every gate the call matched, as each was (key, name, channel, approvers, quorum, …), in
+    the order they run: each must approve. Empty in requests made before several gates could
+    ask: their one gate is ``gate``, posted to ``channel``."""
     channel: str = Field(max_length=200)
+    """The first gate's channel."""
     requester: str | None = Field(default=None, max_length=200)
     """The directory key of the person the agent acts for, if recognised."""
     status: Status = Field(default=Status.PENDING, sa_type=sa.String(16))
@@ -108,10 +116,13 @@ class ConfirmationRequest(SQLModel, table=True):
 
 class Vote(SQLModel, table=True):
     __tablename__ = "vote"
-    __table_args__ = (sa.UniqueConstraint("request_id", "voter", name="uq_vote_request_voter"),)
+    __table_args__ = (sa.UniqueConstraint("request_id", "gate", "voter", name="uq_vote_request_gate_voter"),)
 
     id: int | None = Field(default=None, primary_key=True)
     request_id: str = Field(foreign_key="confirmation_request.id", index=True, max_length=32)
+    gate: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    """The gate this vote counts for: its index in the request's ``gates``. One click may
+    count for several gates of its card (a row each)."""
     voter: str = Field(max_length=300)
     """Who voted: a directory key, or ``channel:user_id`` for someone not in the directory."""
     verdict: str = Field(max_length=16)

@@ -155,7 +155,7 @@ class Dispatcher:
         if channel is None:
             await self._finish(delivery_id, failed=f"no channel named {d.channel!r} is configured")
             return
-        card = build_card(req, votes, self._config, channel.type)
+        card = build_card(req, votes, self._config, channel.type, channel=d.channel)
 
         if d.kind == "update" and post_ref is None:
             if post_failed:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
+from signoff.app.votes import gates_of
 
 
 def _no_nul(value: str) -> str:
@@ -92,6 +93,8 @@ class Decider(BaseModel):
 
 class VoteOut(BaseModel):
     verdict: str
+    gate: str
+    """The name of the gate the vote counts for."""
     channel: str
     user_id: str
     name: str | None
@@ -100,9 +103,10 @@ class VoteOut(BaseModel):
     created_at: datetime
 
     @classmethod
-    def of(cls, v: Vote) -> VoteOut:
+    def of(cls, v: Vote, gates: Sequence[Mapping[str, Any]] = ()) -> VoteOut:
         return cls(
             verdict=v.verdict,
+            gate=str(gates[v.gate].get("name", "")) if 0 <= v.gate < len(gates) else "",
             channel=v.channel,
             user_id=v.user_id,
             name=v.name,
@@ -110,6 +114,19 @@ class VoteOut(BaseModel):
             reason=v.reason,
             created_at=v.created_at,
         )
+
+
+class GateOut(BaseModel):
+    """One gate the request needs: who may approve it, where, and how it stands."""
+
+    name: str
+    channel: str
+    approvers: list[str]
+    quorum: int
+    approvals: int
+    approved: bool
+    """It has its quorum (the request is approved once every gate has)."""
+    votes: list[VoteOut]
 
 
 class RequestOut(BaseModel):
@@ -128,9 +145,13 @@ class RequestOut(BaseModel):
     tool_call_id: str | None
     channel: str
     gate: str
+    """The first gate's name; ``gates`` lists every gate the call needs."""
     quorum: int
+    """Approvals needed, over every gate."""
     approvals: int
+    """Approvals that count towards the gates' quorums (``quorum`` of them approve)."""
     votes: list[VoteOut]
+    gates: list[GateOut]
 
     @classmethod
     def of(cls, r: ConfirmationRequest, votes: Sequence[Vote]) -> RequestOut:
@@ -139,6 +160,8 @@ class RequestOut(BaseModel):
             if r.decided_by_channel
             else None
         )
+        snapshots = gates_of(r)
+        gates = [_gate_out(i, g, votes, snapshots) for i, g in enumerate(snapshots)]
         return cls(
             id=r.id,
             agent_id=r.agent_id,
@@ -154,11 +177,29 @@ class RequestOut(BaseModel):
             session_id=r.session_id,
             tool_call_id=r.tool_call_id,
             channel=r.channel,
-            gate=str(r.gate.get("name", "")),
-            quorum=int(r.gate.get("quorum", 1)),
-            approvals=sum(1 for v in votes if v.verdict == "approve"),
-            votes=[VoteOut.of(v) for v in votes],
+            gate=gates[0].name,
+            quorum=sum(g.quorum for g in gates),
+            approvals=sum(min(g.approvals, g.quorum) for g in gates),
+            votes=[VoteOut.of(v, snapshots) for v in votes],
+            gates=gates,
         )
+
+
+def _gate_out(
+    index: int, gate: Mapping[str, Any], votes: Sequence[Vote], gates: Sequence[Mapping[str, Any]]
+) -> GateOut:
+    mine = [v for v in votes if v.gate == index]
+    approvals = sum(1 for v in mine if v.verdict == "approve")
+    quorum = int(gate.get("quorum", 1))
+    return GateOut(
+        name=str(gate.get("name", "")),
+        channel=str(gate.get("channel", "")),
+        approvers=[str(a) for a in gate.get("approvers") or ()],
+        quorum=quorum,
+        approvals=approvals,
+        approved=approvals >= quorum,
+        votes=[VoteOut.of(v, gates) for v in mine],
+    )
 
 
 class DecisionOut(BaseModel):

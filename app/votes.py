@@ -1,5 +1,9 @@
 """Who may vote on a gate: pure rules over the gate, the requester and the voter.
 
+Every gate a call matched must approve it (a request's ``gates``); each gate's card goes
+to that gate's channel, and a vote counts for the gate(s) of the card it came from that
+the voter may approve (:func:`eligible_gates`).
+
 The state machine (:func:`signoff.app.confirmations.cast_vote`) applies them under the
 request's lock; the console asks the same functions for its hints. Nothing here reads
 the database.
@@ -27,8 +31,18 @@ from typing import Any
 
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, identity_key
+from signoff.app.models import ConfirmationRequest
 
-__all__ = ["NOT_AN_APPROVER", "NOT_HERE", "OWN_CALL", "Voter", "gate_refusal", "is_requester"]
+__all__ = [
+    "NOT_AN_APPROVER",
+    "NOT_HERE",
+    "OWN_CALL",
+    "Voter",
+    "eligible_gates",
+    "gate_refusal",
+    "gates_of",
+    "is_requester",
+]
 
 NOT_HERE = "This request's card was not posted here, so a click here does not count."
 NOT_AN_APPROVER = "You are not an approver for this request."
@@ -116,3 +130,40 @@ def gate_refusal(
     if not gate.get("allow_self_approval", False) and is_requester(requesters, voter, config):
         return OWN_CALL
     return None
+
+
+def gates_of(req: ConfirmationRequest) -> list[Mapping[str, Any]]:
+    """The request's gates in the order they run, each with its ``key``, ``name`` and
+    ``channel`` (a request made before several gates could ask has its one ``gate``)."""
+    if req.gates:
+        return list(req.gates)
+    return [{**req.gate, "key": str(req.gate.get("name", "")), "channel": req.channel}]
+
+
+_MOST_TELLING = {OWN_CALL: 0, NOT_AN_APPROVER: 1, NOT_HERE: 2}
+
+
+def eligible_gates(
+    gates: Iterable[Mapping[str, Any]],
+    *,
+    requesters: Iterable[str | None],
+    voter: Voter,
+    config: SignoffConfig,
+) -> tuple[list[int], str | None]:
+    """The indexes of the gates ``voter``'s vote counts for, and, when it counts for none, why
+    (the reason that concerns them most: their own call, then not an approver, then the
+    channel)."""
+    requesters = tuple(requesters)
+    eligible: list[int] = []
+    refusals: list[str] = []
+    for i, gate in enumerate(gates):
+        why = gate_refusal(
+            gate, channel=str(gate.get("channel", "")), requesters=requesters, voter=voter, config=config
+        )
+        if why is None:
+            eligible.append(i)
+        else:
+            refusals.append(why)
+    if eligible or not refusals:
+        return eligible, None
+    return [], min(refusals, key=lambda why: _MOST_TELLING.get(why, len(_MOST_TELLING)))

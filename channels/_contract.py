@@ -23,6 +23,7 @@ __all__ = [
     "ClickHandler",
     "ClickOutcome",
     "DeliveryError",
+    "GateProgress",
     "InteractiveChannel",
     "MessageRef",
     "PermanentDeliveryError",
@@ -49,6 +50,21 @@ class Person:
 
 
 @dataclass(frozen=True, slots=True)
+class GateProgress:
+    """One of the gates a request needs, when it needs several (every one must approve)."""
+
+    name: str
+    quorum: int
+    approvals: tuple[Person, ...] = ()
+    here: bool = True
+    """Decided on this card; otherwise on the card in another channel."""
+
+    @property
+    def approved(self) -> bool:
+        return len(self.approvals) >= self.quorum
+
+
+@dataclass(frozen=True, slots=True)
 class Card:
     """Everything a channel needs to draw one approval card, current as of rendering."""
 
@@ -71,6 +87,9 @@ class Card:
     decided_at: datetime | None = None
     reason: str | None = None
     require_reject_reason: bool = False
+    gates: tuple[GateProgress, ...] = ()
+    """Every gate the request needs, when it needs several; ``quorum``, ``approvers`` and
+    ``approvals`` above are then those of the gates decided on this card."""
 
     @property
     def is_pending(self) -> bool:

@@ -20,7 +20,7 @@ from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status
 from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
-from signoff.app.votes import NOT_AN_APPROVER, OWN_CALL, gate_refusal
+from signoff.app.votes import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of
 
 __all__ = [
     "AuditView",
@@ -209,7 +209,7 @@ def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: 
     # The state machine's own rule, asked in advance.
     voter = operator_voter(person, config)
     requesters = (req.requester, req.user_id)
-    why = gate_refusal(req.gate, channel=req.channel, requesters=requesters, voter=voter, config=config)
+    _, why = eligible_gates(gates_of(req), requesters=requesters, voter=voter, config=config)
     if why == NOT_AN_APPROVER:
         return "You are not one of this gate's approvers: your vote would be refused."
     if why == OWN_CALL:

@@ -70,6 +70,17 @@ def _details(card: Card) -> str:
     if card.is_pending:
         lines.append(f"Expires: {_when(card.expires_at)}")
     lines.append(f"Approvers: {_names(card.approvers) if card.approvers else 'anyone in this chat'}")
+    if card.gates:
+        # Several gates must approve: how each stands, this chat's and the others'.
+        lines.append("Reviews (every one must approve):")
+        for gate in card.gates:
+            line = f"- {_cut(gate.name, 100)}: {len(gate.approvals)} of {gate.quorum}"
+            if gate.approvals:
+                line += f" ({_names(gate.approvals)})"
+            if not gate.here:
+                line += ", in another channel"
+            lines.append(line + (" ✓" if gate.approved else ""))
+        return "\n".join(lines)
     approvals = f"Approvals: {len(card.approvals)} of {card.quorum}"
     if card.approvals:
         approvals += f" ({_names(card.approvals)})"

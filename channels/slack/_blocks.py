@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.channels._contract import Card, Person
+from signoff.channels._contract import Card, GateProgress, Person
 
 __all__ = [
     "ACTION_APPROVE",
@@ -163,6 +163,7 @@ def _version(card: Card) -> str:
             card.request_id,
             card.status,
             str(len(card.approvals)),
+            ",".join(str(len(g.approvals)) for g in card.gates),
             card.decided_at.isoformat() if card.decided_at else "",
         )
     )
@@ -186,11 +187,28 @@ def _fields(card: Card) -> list[str]:
         [_person(p) for p in card.approvers], _FIELD_LIMIT - 20, empty="Anyone in this channel"
     )
     fields.append(f"*Approvers*\n{approvers}")
+    if card.gates:
+        # Several gates must approve: how each stands, this channel's and the others'.
+        budget = (_FIELD_LIMIT - 40) // len(card.gates)
+        lines = [_gate_line(gate, budget) for gate in card.gates]
+        fields.append(_clip("*Reviews* (every one must approve)\n" + "\n".join(lines), _FIELD_LIMIT))
+        return fields
     count = f"{len(card.approvals)} of {card.quorum}"
     if card.approvals:
         count += ": " + _join_fitting([_person(p) for p in card.approvals], _FIELD_LIMIT - 40, empty="")
     fields.append(f"*Approvals*\n{count}")
     return fields
+
+
+def _gate_line(gate: GateProgress, budget: int) -> str:
+    line = f"{_clip(escape_mrkdwn(gate.name), _NAME_LIMIT)}: {len(gate.approvals)} of {gate.quorum}"
+    if gate.approvals:
+        line += ": " + _join_fitting(
+            [_person(p) for p in gate.approvals], max(budget - len(line), 20), empty=""
+        )
+    if not gate.here:
+        line += " _(in another channel)_"
+    return line + (" ✓" if gate.approved else "")
 
 
 def _arguments(card: Card) -> str:
