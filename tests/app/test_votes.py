@@ -10,7 +10,15 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from signoff.app.config import ConfigError, SignoffConfig, identity_key, parse_config
-from signoff.app.votes import NOT_AN_APPROVER, NOT_HERE, OWN_CALL, Voter, gate_refusal, is_requester
+from signoff.app.votes import (
+    NOT_AN_APPROVER,
+    NOT_HERE,
+    OWN_CALL,
+    Voter,
+    eligible_gates,
+    gate_refusal,
+    is_requester,
+)
 
 KEYS = st.from_regex(r"[a-z][a-z0-9_.-]{0,11}", fullmatch=True)
 SPACE = st.text(alphabet=" \t\n\u00a0\u2003\u3000", max_size=3)
@@ -187,3 +195,41 @@ def test_a_click_counts_only_on_the_channel_its_card_was_posted_to(
         elsewhere = gate_refusal(gate, channel="finance-chat", requesters=(), voter=voter, config=config)
         # Operators, authenticated, decide wherever the card went; nobody else does.
         assert elsewhere == (None if voter.operator else NOT_HERE), voter
+
+
+@given(directories(), st.data())
+def test_a_vote_counts_for_exactly_the_gates_of_its_card_the_voter_may_approve(
+    entries: list[Entry], data: st.DataObject
+) -> None:
+    config = config_of(entries)
+    keys = [e.key for e in entries]
+    channels = ["ops-slack", "ops-feishu", "finance-slack"]
+    gates = data.draw(
+        st.lists(
+            st.fixed_dictionaries(
+                {
+                    "name": st.text(min_size=1, max_size=5),
+                    "channel": st.sampled_from(channels),
+                    "approvers": st.lists(st.sampled_from(keys), unique=True),
+                    "quorum": st.just(1),
+                    "allow_self_approval": st.booleans(),
+                }
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    requester = data.draw(st.sampled_from([*entries, None]))
+    requesters = (requester.key, requester.email) if requester else (None, None)
+    who = data.draw(st.sampled_from(entries))
+    for voter in voters(config, who, who.email):
+        eligible, why = eligible_gates(gates, requesters=requesters, voter=voter, config=config)
+        expected = [
+            i
+            for i, g in enumerate(gates)
+            if (voter.operator or g["channel"] == voter.channel)
+            and (not g["approvers"] or (voter.person is not None and voter.person in g["approvers"]))
+            and (g["allow_self_approval"] or requester is not who)
+        ]
+        assert eligible == expected, (voter, gates)
+        assert (why is None) == bool(expected)
