@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from signoff.hooks._decision import Decision
+
 __all__ = [
     "Decision",
     "HookContext",
@@ -23,13 +25,6 @@ __all__ = [
     "PreToolUseHook",
     "SessionStartHook",
 ]
-
-
-class Decision(StrEnum):
-    ALLOW = "allow"
-    DENY = "deny"
-    PENDING = "pending"
-    """A human must decide; ``request_id`` names the confirmation request."""
 
 
 class HookPoint(StrEnum):

@@ -34,7 +34,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
@@ -43,7 +43,6 @@ from signoff.hooks._base import (
     ENV_SUBMIT_DEADLINE,
     ENV_URL,
     ClientBase,
-    Flow,
     SyncGateClient,
     crashed,
     parse_retry_after,
@@ -83,6 +82,9 @@ __all__ = [
     "GateUnavailable",
     "make_idempotency_key",
 ]
+
+if TYPE_CHECKING:
+    from signoff.hooks._base import Flow
 
 log = logging.getLogger("signoff.client")
 
