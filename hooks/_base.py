@@ -54,6 +54,7 @@ ENV_API_KEY = "SIGNOFF_API_KEY"
 ENV_SUBMIT_DEADLINE = "SIGNOFF_SUBMIT_DEADLINE"
 USER_AGENT = "signoff-client/0.1"
 
+
 def _resolve(url: str | None, api_key: str | None) -> tuple[str, str]:
     url = (url if url is not None else os.environ.get(ENV_URL, "")).strip()
     api_key = (api_key if api_key is not None else os.environ.get(ENV_API_KEY, "")).strip()
