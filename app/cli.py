@@ -8,6 +8,7 @@ names the cause and the fix, with a non-zero exit; ``SIGNOFF_DEBUG=1`` adds the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -170,9 +171,10 @@ def serve(
     from signoff.app.main import create_app
 
     settings = _settings()
-    if settings.config is not None:
-        _config(settings, needed_for="serve")
+    config = _config(settings, needed_for="serve") if settings.config is not None else None
     configure_logging(settings.log_format, settings.log_level)
+    for warning in config.warnings() if config is not None else ():
+        logging.getLogger("signoff").warning("configuration: %s", warning)
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
             migrate(settings.database_url)
@@ -209,6 +211,8 @@ def config_check(file: Annotated[Path, typer.Argument(help="The YAML file.")]) -
         for problem in exc.problems:
             typer.echo(problem, err=True)
         raise typer.Exit(1) from None
+    for warning in cfg.warnings():
+        typer.echo(f"warning: {warning}", err=True)
     gates = sum(len(a.hooks) for a in cfg.agents.values())
     typer.echo(
         f"{file}: ok ({len(cfg.channels)} channels, {len(cfg.people)} people, "

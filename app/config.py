@@ -142,6 +142,16 @@ class SignoffConfig:
         entry = self.people.get(person)
         return (entry.name if entry and entry.name else None) or person
 
+    def warnings(self) -> list[str]:
+        """Settings that are valid but weaken security, as ``file: path: message`` lines."""
+        found = []
+        for name, channel in self.channels.items():
+            # A channel's config may say what it weakens (Feishu's ``allow_unsigned``).
+            warn = getattr(channel, "warnings", None)
+            if callable(warn):
+                found += [f"{self.source}: channels.{name}.{w}" for w in warn()]
+        return found
+
 
 def _expand_env(node: Any, path: str, problems: list[str]) -> Any:
     if isinstance(node, str):

@@ -17,6 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 from sqlalchemy.util import await_
@@ -24,6 +26,8 @@ from sqlalchemy.util.queue import AsyncAdaptedQueue, Empty
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 __all__ = [
+    "RETRY_AFTER_SECONDS",
+    "UNAVAILABLE",
     "YIELD_AFTER_COMMIT",
     "async_url",
     "create_engine",
@@ -36,6 +40,12 @@ __all__ = [
 ]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+UNAVAILABLE: tuple[type[Exception], ...] = (DBAPIError, OSError, PoolTimeout)
+"""What the database raises when it cannot be reached: a driver error, a refused connection,
+an exhausted pool. (Its ``DataError``, a value it refuses, is the client's fault instead.)"""
+RETRY_AFTER_SECONDS = 1
+"""The ``Retry-After`` of a 503 while the database is unavailable."""
 
 
 def async_url(url: str) -> str:

@@ -13,13 +13,12 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DataError, DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from signoff.app import console
 from signoff.app.confirmations import NOTIFY_CHANNEL, expire_overdue
-from signoff.app.db import is_sqlite, transaction
+from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
 from signoff.app.routers import admin, agent, callbacks, ops
@@ -27,6 +26,7 @@ from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
 from signoff.app.waiters import listen_for_decisions
 from signoff.channels import InteractiveChannel
+from signoff.hooks import ServiceUnavailable
 
 __all__ = ["create_app"]
 
@@ -197,17 +197,23 @@ def create_app(
     console.install(app, settings)
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        log.error("database unavailable on %s: %s: %s", request.url.path, type(exc).__name__, exc)
-        return JSONResponse({"detail": "the database is unavailable; try again"}, 503)
+        cause = exc.__cause__ if isinstance(exc, ServiceUnavailable) and exc.__cause__ else exc
+        log.error("database unavailable on %s: %s: %s", request.url.path, type(cause).__name__, cause)
+        return JSONResponse(
+            {"detail": "the database is unavailable; try again"},
+            503,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
 
     async def unstorable(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": "a value cannot be stored (out of range or not valid text)"}, 422)
 
     # Bad data reaching the database is the client's fault: 422, not "unavailable".
     app.add_exception_handler(DataError, unstorable)
-    # A driver error, a refused connection or an exhausted pool: the agent is told to retry
-    # (its client denies meanwhile), never handed a 500.
-    for kind in (DBAPIError, OSError, PoolTimeout):
+    # A driver error, a refused connection or an exhausted pool, whether met by a route or by
+    # a hook's services: the agent is told to retry (its client keeps trying within its own
+    # deadline, then denies), never handed a final deny or a 500.
+    for kind in (*UNAVAILABLE, ServiceUnavailable):
         app.add_exception_handler(kind, database_unavailable)
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -23,6 +23,7 @@ __all__ = [
     "HookServices",
     "PostToolUseHook",
     "PreToolUseHook",
+    "ServiceUnavailable",
     "SessionStartHook",
 ]
 
@@ -125,6 +126,12 @@ class SessionStartHook(Protocol):
     def priority(self) -> int: ...
 
     async def on_session_start(self, ctx: HookContext) -> HookResult: ...
+
+
+class ServiceUnavailable(Exception):
+    """Raised by :class:`HookServices` when what it needs (the server's database) cannot be
+    reached. The registry lets it through instead of denying, so the server answers with a
+    retryable error: the call may well pass once the service is back."""
 
 
 class HookServices(Protocol):

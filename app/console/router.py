@@ -97,7 +97,7 @@ async def sign_in_page(
     next_: Annotated[str, Query(alias="next", max_length=2000)] = auth.HOME,
     ended: bool = False,
 ) -> Response:
-    if auth.current_operator(request, runtime.config) is not None:
+    if await auth.current_operator(request, runtime) is not None:
         return _see_other(auth.safe_next(next_))
     keys = auth.keys_of(request)
     session = auth.session_of(request) or ConsoleSession.start(keys.max_age)
@@ -159,7 +159,10 @@ def _duration(seconds: int) -> str:
 
 
 @router.post("/logout")
-async def sign_out(form: CheckedFormDep) -> Response:
+async def sign_out(form: CheckedFormDep, who: SignedInDep, session: SessionDep) -> Response:
+    # Clearing the cookie is not enough: a copy of it would stay valid until it expires.
+    await auth.end_session(session, who.session, operator=who.operator)
+    log.info("console: %s signed out", who.operator)
     response = _see_other("/ui/login")
     auth.clear_session(response)
     return response

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import json
+from dataclasses import replace
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -228,6 +229,10 @@ async def _pre_tool_use(
         services=services,
     )
     result = await registry.run_pre_tool_use(ctx)
+    if (late := await services.settle()) is not None:
+        # The gate timed out while its request was being written, and the write went through:
+        # the request is the answer (see ServerHookServices.request_approval).
+        result = replace(late, modified_arguments=result.modified_arguments)
     made = services.approvals.request
     gate_name = str(made.gate.get("name", "")) if made is not None else ""
     _gate_calls("pre_tool_use", agent, gate_name, result.decision.value).inc()

@@ -311,6 +311,7 @@ def feishu_doc(approvers: list[str]) -> dict[str, Any]:
                 "app_id": "cli_x",
                 "app_secret": "${SIGNOFF_TEST_FEISHU_SECRET}",
                 "verification_token": "vt",
+                "encrypt_key": "ek",
                 "chat_id": "oc_x",
             }
         },
@@ -461,6 +462,25 @@ def test_config_check_lists_every_problem_on_stderr(tmp_path: Path) -> None:
     assert f"{path}: {AGENT}.quorum: Input should be greater than or equal to 1" in lines
     assert any(line.startswith(f"{path}: agents.finance-bot.hooks[1].timeout: 'soon'") for line in lines)
     assert f"{path}: bogus: Extra inputs are not permitted" in lines
+
+
+@pytest.mark.usefixtures("feishu_secret")
+def test_config_check_refuses_token_only_feishu_unless_asked_for_and_then_warns(tmp_path: Path) -> None:
+    body = feishu_doc(["alice"])
+    del body["channels"]["finance"]["encrypt_key"]
+    refused = CliRunner().invoke(cli_app, ["config", "check", str(write(tmp_path, body, "token.yaml"))])
+    assert refused.exit_code == 1
+    assert "channels.finance: " in refused.stderr
+    assert "allow_unsigned: true" in refused.stderr
+
+    body["channels"]["finance"]["allow_unsigned"] = True
+    path = write(tmp_path, body, "unsigned.yaml")
+    warned = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert warned.exit_code == 0, warned.output
+    assert warned.stdout.startswith(f"{path}: ok")
+    [line] = warned.stderr.strip().splitlines()
+    assert line.startswith(f"warning: {path}: channels.finance.allow_unsigned: ")
+    assert "verification token alone" in line
 
 
 def test_config_check_real_command(tmp_path: Path) -> None:
