@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -25,7 +26,6 @@ from signoff.app.routers import admin, agent, callbacks, ops
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
 from signoff.app.waiters import listen_for_decisions
-from signoff.channels import InteractiveChannel
 from signoff.hooks import ServiceUnavailable
 
 __all__ = ["create_app"]
@@ -119,6 +119,22 @@ async def sweep(runtime: Runtime) -> None:
         log.exception("expiry sweep failed")
 
 
+def _reload_on_sighup(runtime: Runtime) -> None:
+    """``kill -HUP`` reloads ``SIGNOFF_CONFIG`` (each replica its own file)."""
+    loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[object]] = set()
+
+    def reload() -> None:
+        task = loop.create_task(runtime.reload(), name="config-reload")
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        log.warning("SIGHUP cannot reload the configuration here; use POST /v1/admin/config/reload")
+
+
 def create_app(
     runtime: Runtime | None = None, *, settings: Settings | None = None, background: bool = True
 ) -> FastAPI:
@@ -132,9 +148,8 @@ def create_app(
         tasks: list[asyncio.Task[None]] = []
         scheduler = AsyncIOScheduler()
         if background:
-            for ch in rt.channels.values():
-                if isinstance(ch, InteractiveChannel):
-                    await ch.start(rt.clicks)
+            await rt.start_channels()
+            _reload_on_sighup(rt)
             scheduler.add_job(
                 sweep,
                 "interval",
@@ -151,7 +166,7 @@ def create_app(
             dispatcher = Dispatcher(
                 rt.sessions,
                 rt.channels,
-                rt.config,
+                lambda: rt.config,
                 wake=rt.hub.outbox,
                 poll_seconds=settings.outbox_poll_seconds,
                 lease_seconds=settings.outbox_lease_seconds,
@@ -172,6 +187,9 @@ def create_app(
         try:
             yield
         finally:
+            if background:
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if scheduler.running:
                 scheduler.shutdown(wait=False)
             for t in tasks:

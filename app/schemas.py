@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
+
+if TYPE_CHECKING:
+    from signoff.app.runtime import Reload
 
 
 def _no_nul(value: str) -> str:
@@ -82,6 +85,28 @@ class SwitchOut(BaseModel):
     updated_at: datetime
     updated_by: str | None
     reason: str | None
+
+
+class ReloadOut(BaseModel):
+    """A configuration reload: the version in force and, when refused, every problem."""
+
+    ok: bool
+    version: str
+    loaded_at: datetime
+    problems: list[str]
+    rebuilt: list[str]
+    closed: list[str]
+
+    @classmethod
+    def of(cls, done: Reload) -> ReloadOut:
+        return cls(
+            ok=done.ok,
+            version=done.version,
+            loaded_at=done.loaded_at,
+            problems=list(done.problems),
+            rebuilt=list(done.rebuilt),
+            closed=list(done.closed),
+        )
 
 
 class Decider(BaseModel):

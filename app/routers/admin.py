@@ -25,6 +25,7 @@ from signoff.app.schemas import (
     AuditVerifyOut,
     DecisionIn,
     Problem,
+    ReloadOut,
     RequestOut,
     SwitchIn,
     SwitchOut,
@@ -117,8 +118,20 @@ async def verify_audit(session: ReadsDep) -> AuditVerifyOut:
 
 @router.get("/config", responses=ERRORS)
 async def read_config(runtime: RuntimeDep) -> dict[str, Any]:
-    """The configuration as loaded, secrets masked."""
-    return queries.config_view(runtime.config)
+    """The configuration as loaded, secrets masked, with its version and when it was loaded."""
+    return {
+        "version": runtime.version,
+        "loaded_at": runtime.loaded_at.isoformat(),
+        **queries.config_view(runtime.config),
+    }
+
+
+@router.post("/config/reload", response_model=ReloadOut, responses={**ERRORS, 422: {"model": ReloadOut}})
+async def reload_config(runtime: RuntimeDep) -> JSONResponse:
+    """Reload ``SIGNOFF_CONFIG``: a file with problems changes nothing and answers 422 naming each."""
+    done = await runtime.reload()
+    body = ReloadOut.of(done)
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if done.ok else 422)
 
 
 @router.get("/switches", response_model=list[SwitchOut], responses=ERRORS)
