@@ -3,17 +3,28 @@ that cannot be stored or read two ways, redaction by key and by value."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 
+from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.runtime import Runtime
 from signoff.channels.fake import FakeChannel
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG
 
 PRE = "/v1/hooks/pre-tool-use"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def config() -> SignoffConfig:
+    """The default test configuration, with every call of finance-bot audited."""
+    body: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    body["agents"]["finance-bot"]["hooks"].append({"type": "audit_log", "tools": ["*"], "result_chars": 2000})
+    return parse_config(body, source="test.yaml")
 
 
 def auth(key: str) -> dict[str, str]:
@@ -154,3 +165,35 @@ async def test_an_operator_decision_with_unstorable_text_is_refused(
     )
     assert answer.status_code == 422, answer.text
     assert (await http.get(f"/v1/requests/{rid}", headers=auth(agent_key))).json()["status"] == "pending"
+
+
+# --- the audit log's record of a call ---------------------------------------------------------
+
+
+async def test_the_audit_log_records_results_and_errors_redacted(
+    http: httpx.AsyncClient, agent_key: str
+) -> None:
+    secrets = ["r3s1x", "r3s2x", "r3s3x12345", "r3s4x", "r3s5x12345"]
+    body = {
+        "tool_name": "fetch_account",
+        "arguments": {"id": 7, "api_key": "a1s3x"},
+        "result": {
+            "token": secrets[0],
+            "rows": [{"password": secrets[1]}],
+            "note": f"Authorization: Bearer {secrets[2]}",
+        },
+        "error": f"upstream said: api_key={secrets[3]} is invalid; retried with Bearer {secrets[4]}",
+    }
+    r = await http.post("/v1/hooks/post-tool-use", json=body, headers=auth(agent_key))
+    assert r.status_code == 200, r.text
+    assert r.json()["result"] == body["result"], "the agent gets its own result back untouched"
+    events = (await http.get("/v1/admin/audit", headers=ADMIN)).json()
+    call = next(e for e in events if e["action"] == "tool_call")
+    recorded = repr(call["detail"])
+    assert not [s for s in [*secrets, "a1s3x"] if s in recorded], recorded
+    assert '"token": "[redacted]"' in call["detail"]["result"]
+    assert (
+        call["detail"]["error"]
+        == "upstream said: api_key=[redacted] is invalid; retried with Bearer [redacted]"
+    )
+    assert (await http.get("/v1/admin/audit/verify", headers=ADMIN)).json()["ok"] is True
