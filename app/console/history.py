@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -20,7 +22,15 @@ from signoff.app.console.pages import RequestRow, request_rows, row_of
 from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.app.queries import RequestFilter
 
-__all__ = ["CSV_COLUMNS", "HistoryQuery", "csv_lines", "jsonl_lines", "parse_history"]
+__all__ = [
+    "CSV_COLUMNS",
+    "HistoryQuery",
+    "csv_cell",
+    "csv_lines",
+    "csv_writer",
+    "jsonl_lines",
+    "parse_history",
+]
 
 PAGE = 50
 FIELDS = ("status", "agent", "tool", "decider", "from", "to")
@@ -127,15 +137,33 @@ async def history_view(session: AsyncSession, config: SignoffConfig, q: HistoryQ
     return HistoryView(rows, older)
 
 
-def _cell(value: object) -> str:
+# What can make a spreadsheet read a cell as a formula (OWASP's list, with the full-width
+# forms some locales accept), and what can end a cell in some locale (the list separator
+# is "," or ";", and tab- or pipe-separated imports exist).
+_FORMULA_START = "=+-@\t\r\n\uff1d\uff0b\uff0d\uff20"
+_CELL_ENDS = ",;\t|\r\n\uff0c\uff1b"
+_COULD_START_FORMULA = re.compile(f"(?:^|[{re.escape(_CELL_ENDS)}])[\\s\"']*[{re.escape(_FORMULA_START)}]")
+
+
+def csv_cell(value: object) -> str:
+    """A value as a CSV cell that no spreadsheet, in any locale, runs as a formula.
+
+    A cell that starts like a formula, or would once split at a separator of some locale
+    (``a;=2+2`` where ``;`` separates), gets a leading ``'``; and every cell is quoted
+    (:func:`csv_writer`), so it is never split. Arguments come from agents.
+    """
     text = "" if value is None else str(value)
-    # A cell starting like a formula would run as one in a spreadsheet (arguments come from agents).
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    return "'" + text if _COULD_START_FORMULA.search(text) else text
+
+
+def csv_writer(buffer: io.StringIO) -> Any:
+    """The export's CSV writer: every cell quoted."""
+    return csv.writer(buffer, quoting=csv.QUOTE_ALL)
 
 
 def _csv_row(row: RequestRow, req: ConfirmationRequest) -> list[str]:
     return [
-        _cell(v)
+        csv_cell(v)
         for v in (
             row.id,
             iso(row.created_at),
@@ -169,7 +197,7 @@ async def csv_lines(
 ) -> AsyncIterator[str]:
     """Every matching request as CSV, newest first, read in batches as the client takes it."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = csv_writer(buffer)
     writer.writerow(CSV_COLUMNS)
     yield buffer.getvalue()
     async with sessions() as session:
