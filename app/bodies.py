@@ -90,14 +90,16 @@ def unstorable_in(value: Any, where: str = "") -> str | None:
 
 
 def _count_keys(value: Any) -> int:
-    count, stack = 0, [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            count += len(node)
-            stack.extend(v for v in node.values() if isinstance(v, dict | list))
-        elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, dict | list))
+    """Keys in all the objects of a parsed body (depth is bounded by the parser)."""
+    count = 0
+    if type(value) is dict:
+        count = len(value)
+        value = value.values()
+    elif type(value) is not list:
+        return 0
+    for v in value:
+        if type(v) is dict or type(v) is list:
+            count += _count_keys(v)
     return count
 
 
@@ -115,15 +117,15 @@ def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _WHITESPACE_COLON = re.compile(rb'"\s+:')
 
 
-def _may_repeat_keys(raw: bytes, value: Any) -> bool:
+def _may_repeat_keys(raw: bytes, keys: int) -> bool:
     """False when the body's text proves that no object repeats a key, without a second parse.
 
-    Every key is followed by a colon, so a body whose parsed objects hold as many keys in
-    all as the text has colons cannot have lost one to a repeat (colons in strings only
-    add to the count). When strings hold colons, count the colons that close a quoted
-    key (``":``) instead, provided no key leaves a space before its colon.
+    ``keys`` is how many keys the parsed body holds (at most as many as its text has). Every
+    key is followed by a colon, so a body whose parsed objects hold as many keys in all as
+    the text has colons cannot have lost one to a repeat (colons in strings only add to
+    the count). When strings hold colons, count the colons that close a quoted key
+    (``":``) instead, provided no key leaves a space before its colon.
     """
-    keys = _count_keys(value)
     if raw.count(b":") == keys:
         return False
     return raw.count(b'":') != keys or _WHITESPACE_COLON.search(raw) is not None
@@ -137,7 +139,7 @@ def parse_json(raw: bytes) -> Any:
         raise Refused(_why_not_json(raw, exc)) from None
     if b"\\u0000" in raw and (why := unstorable_in(value)) is not None:
         raise Refused(why)
-    if _may_repeat_keys(raw, value):
+    if _may_repeat_keys(raw, _count_keys(value)):
         json.loads(raw, object_pairs_hook=_no_repeats)
     return value
 
