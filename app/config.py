@@ -39,7 +39,22 @@ HOOK_TYPES = (
 __all__ = ["AgentConfig", "ConfigError", "Operator", "Person", "SignoffConfig", "load_config", "parse_config"]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-DEFAULT_REDACT = ("password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "cookie")
+DEFAULT_REDACT = (
+    "password",
+    "passwd",
+    "passphrase",
+    "pwd",
+    "secret",
+    "token",
+    "api_key",
+    "access_key",
+    "private_key",
+    "credential",
+    "authorization",
+    "cookie",
+)
+"""Redact words: a value is redacted under any key containing one, in any spelling (case,
+``-``, ``_``, spaces, camelCase: see signoff.app.redaction)."""
 
 # A raw channel user id is accepted as an approver only if it looks like one.
 _RAW_ID = {

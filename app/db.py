@@ -25,6 +25,8 @@ from sqlalchemy.util import await_
 from sqlalchemy.util.queue import AsyncAdaptedQueue, Empty
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app.bodies import read_json
+
 __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
@@ -217,6 +219,8 @@ def create_engine(url: str, *, readonly: bool = False, **kw: Any) -> AsyncEngine
     Other processes (the CLI, another server) still wait on ``busy_timeout``.
     """
     url = async_url(url)
+    # Rows stored before the input rules (or edited by hand) read as what can be shown.
+    kw.setdefault("json_deserializer", read_json)
     if not is_sqlite(url):
         kw.setdefault("pool_size", 20)
         kw.setdefault("max_overflow", 20)

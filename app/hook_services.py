@@ -14,10 +14,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Actor
-from signoff.app.confirmations import redact
 from signoff.app.db import UNAVAILABLE
 from signoff.app.intake import Approvals
 from signoff.app.models import RateBucket, Switch, utcnow
+from signoff.app.redaction import redact
 from signoff.hooks import HookContext, HookResult, ServiceUnavailable
 
 if TYPE_CHECKING:
@@ -146,6 +146,9 @@ class ServerHookServices:
             return 0.0
         row.tokens = tokens
         return (1 - tokens) / refill_per_second
+
+    def redact(self, value: Any) -> Any:
+        return redact(value, self._redact)
 
     async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
         with _reachable():

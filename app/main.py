@@ -18,6 +18,7 @@ from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from signoff.app import console
+from signoff.app.bodies import storable
 from signoff.app.confirmations import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
 from signoff.app.logs import RequestId
@@ -50,7 +51,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if "\x00" in scope.get("path", "") or b"%00" in scope.get("query_string", b""):
+        if not storable(scope.get("path", "")) or b"%00" in scope.get("query_string", b""):
             # Shaped like FastAPI's own validation errors, as the schema documents 422.
             await _answer(send, 422, _NUL_IN_URL)
             return

@@ -8,20 +8,21 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from signoff.app.bodies import storable
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Reload
 
 
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+def _storable(value: str) -> str:
+    if not storable(value):
+        raise ValueError("must not contain NUL characters or lone surrogates")
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
-"""A string stored in a text column (PostgreSQL cannot hold NUL characters)."""
+Text = Annotated[str, AfterValidator(_storable)]
+"""A string stored in a text column (no NUL, no lone surrogate: see signoff.app.bodies)."""
 
 
 class PreToolUseIn(BaseModel):

@@ -149,6 +149,10 @@ class HookServices(Protocol):
         """Take one token from a shared bucket: 0 if taken, else seconds until one is free."""
         ...
 
+    def redact(self, value: Any) -> Any:
+        """``value`` with secrets masked, as it would be stored (redact before you summarise)."""
+        ...
+
     async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
-        """Append an event to the audit log."""
+        """Append an event to the audit log (``detail`` is redacted before it is stored)."""
         ...

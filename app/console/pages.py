@@ -12,6 +12,7 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries
+from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.confirmations import get_request, votes_for
@@ -110,7 +111,7 @@ async def request_rows(
     session: AsyncSession, config: SignoffConfig, reqs: Sequence[ConfirmationRequest], now: datetime
 ) -> list[RequestRow]:
     approvals = await queries.approvals_for(session, (r.id for r in reqs))
-    return [row_of(r, approvals.get(r.id, 0), config, now) for r in reqs]
+    return queries.readable(reqs, lambda r: row_of(r, approvals.get(r.id, 0), config, now))
 
 
 def _version(*parts: object) -> str:
@@ -247,7 +248,7 @@ class AuditView:
 async def audit_view(
     session: AsyncSession, *, before: int | None, action: str | None, request_id: str | None
 ) -> AuditView:
-    if "\x00" in (action or "") + (request_id or ""):
+    if not storable((action or "") + (request_id or "")):
         return AuditView([], None)
     events = await queries.audit_page(
         session, before=before, action=action, request_id=request_id, limit=AUDIT_PAGE + 1

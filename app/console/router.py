@@ -13,6 +13,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from sqlmodel import col, select
 
 from signoff.app.audit import Actor
+from signoff.app.bodies import without_unstorable
 from signoff.app.console import auth, pages
 from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
 from signoff.app.console.decisions import decide_from_form
@@ -360,7 +361,7 @@ async def flip_read_only(
 ) -> Response:
     """Turn the read-only switch on or off as the signed-in operator (audited)."""
     on = form.get("on") == "1"
-    reason = str(form.get("reason") or "").replace("\x00", "").strip()[:2000] or None
+    reason = without_unstorable(str(form.get("reason") or "")).strip()[:2000] or None
     await set_switch(session, READ_ONLY, on=on, actor=Actor("web", who.operator, who.name), reason=reason)
     response = _see_other("/ui/config")
     auth.set_flash(response, request, Flash(True, f"Read-only mode is {'on' if on else 'off'}."))

@@ -12,7 +12,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries
 from signoff.app.audit import Actor
-from signoff.app.confirmations import votes_for
+from signoff.app.bodies import StrictJSONRoute
 from signoff.app.db import transaction
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.hook_services import set_switch
@@ -33,7 +33,9 @@ from signoff.app.schemas import (
 )
 from signoff.channels import Verdict
 
-router = APIRouter(prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep])
+router = APIRouter(
+    prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep], route_class=StrictJSONRoute
+)
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem},
     403: {"model": Problem},
@@ -53,7 +55,7 @@ async def list_requests(
     """Requests, newest first, filtered by status, agent, tool; page with ``before``."""
     which = RequestFilter(status=status_, agent=agent, tool=tool, before=before)
     rows = await queries.list_requests(session, which, limit=limit)
-    return [RequestOut.of(r, await votes_for(session, r.id)) for r in rows]
+    return await queries.request_outs(session, rows)
 
 
 async def _admin_view(session: AsyncSession, request_id: str) -> AdminRequestOut:
