@@ -7,10 +7,12 @@ Secrets are written as ``${ENV_VAR}`` and read from the environment at load.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
@@ -123,6 +125,8 @@ class SignoffConfig:
     redact: frozenset[str] = frozenset(DEFAULT_REDACT)
     source: str = "<default>"
     operators: Mapping[str, Operator] = field(default_factory=dict)
+    version: str = ""
+    """:func:`config_version` of this configuration."""
 
     def channel_type(self, channel: str) -> str:
         return self.channels[channel].type
@@ -274,7 +278,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])
     redact = frozenset(k.lower() for k in doc.redact)
-    return SignoffConfig(
+    config = SignoffConfig(
         channels=channels,
         people=doc.people,
         agents=doc.agents,
@@ -282,6 +286,38 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         source=source,
         operators=doc.operators,
     )
+    return replace(config, version=config_version(config))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return {"secret": hashlib.sha256(value.get_secret_value().encode()).hexdigest()}
+    if isinstance(value, BaseModel):
+        return {k: _plain(v) for k, v in value.model_dump(mode="python", round_trip=True).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_plain(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)
+
+
+def config_version(config: SignoffConfig) -> str:
+    """A digest of the configuration's normalised content: equal files, equal versions, whatever
+    their layout, comments or order; any change to a gate, a person, a channel or a secret
+    gives another version (secrets enter it only as their own digests). Every request records
+    the version it was gated under."""
+    content = {
+        "channels": {name: _plain(cfg) for name, cfg in config.channels.items()},
+        "people": {name: _plain(p) for name, p in config.people.items()},
+        "agents": {name: _plain(a) for name, a in config.agents.items()},
+        "operators": {name: _plain(o) for name, o in config.operators.items()},
+        "redact": sorted(config.redact),
+    }
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def load_config(path: Path | None) -> SignoffConfig:

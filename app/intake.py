@@ -256,6 +256,7 @@ class Approvals:
                 "allow_self_approval": gate.allow_self_approval,
                 "require_reject_reason": gate.require_reject_reason,
                 "timeout_seconds": gate.timeout.total_seconds(),
+                "config_version": config.version,
             },
             "channel": gate.channel,
             "requester": config.recognise(ctx.user_id) or ctx.user_id,
@@ -264,7 +265,13 @@ class Approvals:
             "status": Status.PENDING,
             **_UNDECIDED,
         }
-        detail = {"tool": ctx.tool_name, "gate": gate.label, "channel": gate.channel, "user_id": ctx.user_id}
+        detail = {
+            "tool": ctx.tool_name,
+            "gate": gate.label,
+            "channel": gate.channel,
+            "user_id": ctx.user_id,
+            "config_version": config.version,
+        }
         return NewRequest(row, detail)
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -11,7 +9,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, SecretStr
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlmodel import Session, col, select
@@ -30,7 +27,7 @@ from signoff.app.waiters import Hub
 from signoff.channels import Channel, Click, ClickOutcome, InteractiveChannel
 from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
 
-__all__ = ["Reload", "Runtime", "config_version"]
+__all__ = ["Reload", "Runtime"]
 
 log = logging.getLogger("signoff")
 
@@ -56,36 +53,6 @@ def _session_class(hub: Hub) -> type[Session]:
         session.info.pop(OUTBOX_KEY, None)
 
     return NotifyingSession
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, SecretStr):
-        return {"secret": hashlib.sha256(value.get_secret_value().encode()).hexdigest()}
-    if isinstance(value, BaseModel):
-        return {k: _plain(v) for k, v in value.model_dump(mode="python", round_trip=True).items()}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        items = [_plain(v) for v in value]
-        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return repr(value)
-
-
-def config_version(config: SignoffConfig) -> str:
-    """A digest of the configuration's normalised content: equal files, equal versions, whatever
-    their layout, comments or order; any change to a gate, a person, a channel or a secret
-    gives another version (secrets enter it only as their own digests)."""
-    content = {
-        "channels": {name: _plain(cfg) for name, cfg in config.channels.items()},
-        "people": {name: _plain(p) for name, p in config.people.items()},
-        "agents": {name: _plain(a) for name, a in config.agents.items()},
-        "operators": {name: _plain(o) for name, o in config.operators.items()},
-        "redact": sorted(config.redact),
-    }
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _registries(config: SignoffConfig) -> dict[str, HookRegistry]:
@@ -153,7 +120,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions)
-        self.version = self.version or config_version(self.config)
+        self.version = self.version or self.config.version
         metrics.CONFIG_INFO.clear()
         metrics.CONFIG_INFO.labels(self.version).set(1)
 
@@ -233,7 +200,7 @@ class Runtime:
         self.channels.clear()
         self.channels.update(kept | fresh)
         previous = self.version
-        self.version, self.loaded_at = config_version(config), utcnow()
+        self.version, self.loaded_at = config.version, utcnow()
         metrics.CONFIG_INFO.clear()
         metrics.CONFIG_INFO.labels(self.version).set(1)
         for ch in retired:

@@ -157,6 +157,8 @@ class RequestOut(BaseModel):
     quorum: int
     approvals: int
     votes: list[VoteOut]
+    config_version: str | None = None
+    """The version of the configuration the call was gated under."""
 
     @classmethod
     def of(cls, r: ConfirmationRequest, votes: Sequence[Vote]) -> RequestOut:
@@ -184,6 +186,7 @@ class RequestOut(BaseModel):
             quorum=int(r.gate.get("quorum", 1)),
             approvals=sum(1 for v in votes if v.verdict == "approve"),
             votes=[VoteOut.of(v) for v in votes],
+            config_version=r.gate.get("config_version"),
         )
 
 

@@ -151,6 +151,9 @@ class GateView:
     require_reject_reason: bool
     tools: tuple[str, ...] | None
     when: str | None
+    config_version: str | None = None
+    """The configuration the request was gated under."""
+    current_version: str = ""
 
 
 def _gate_rule(config: SignoffConfig, agent: str, name: str) -> ConfirmationGate | None:
@@ -176,6 +179,8 @@ def gate_of(req: ConfirmationRequest, config: SignoffConfig) -> GateView:
         require_reject_reason=bool(snap.get("require_reject_reason", False)),
         tools=rule.tools if rule else None,
         when=rule.when if rule else None,
+        config_version=snap.get("config_version"),
+        current_version=config.version,
     )
 
 

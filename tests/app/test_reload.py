@@ -17,9 +17,10 @@ import httpx
 import pytest
 import yaml
 
+from signoff.app.config import config_version
 from signoff.app.db import transaction
 from signoff.app.operators import decide
-from signoff.app.runtime import Runtime, config_version
+from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels import Verdict
 from signoff.channels.fake import FakeChannel
@@ -110,11 +111,15 @@ async def test_a_reload_applies_to_the_next_call_and_pending_requests_keep_their
         assert after["version"] == done.json()["version"] != before["version"]
         assert after["agents"]["finance-bot"]["hooks"][-1]["name"] == "refunds"
 
-        # The next call meets the new gate.
+        # The next call meets the new gate; each request names the configuration it was gated under.
         refund = await http.post(
             "/v1/hooks/pre-tool-use", json={"tool_name": "refund_x", "arguments": {}}, headers=agent
         )
         assert refund.json()["decision"] == "pending"
+        assert refund.json()["request"]["config_version"] == after["version"]
+        assert pending.json()["request"]["config_version"] == before["version"]
+        trail = (await http.get(f"/v1/admin/requests/{rid}", headers=admin())).json()
+        assert trail["config_version"] == before["version"]
 
         # The pending request keeps the gate it was made under: Bob may still decide it.
         assert not waiter.done(), "a reload does not disconnect waiting agents"
