@@ -23,6 +23,7 @@ from signoff.app.confirmations import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
+from signoff.app.replicas import REPORT_SECONDS
 from signoff.app.routers import admin, agent, callbacks, ops
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
@@ -161,6 +162,15 @@ def create_app(
                 id="expiry-sweep",
                 # At once on start, in the background: a backlog of overdue requests never
                 # holds up serving.
+                next_run_time=datetime.now(UTC),
+            )
+            scheduler.add_job(
+                rt.report_replica,
+                "interval",
+                seconds=REPORT_SECONDS,
+                max_instances=1,
+                coalesce=True,
+                id="replica-report",
                 next_run_time=datetime.now(UTC),
             )
             scheduler.start()

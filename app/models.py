@@ -225,3 +225,16 @@ class ConsoleSessionRevocation(SQLModel, table=True):
     operator: str = Field(max_length=200)
     revoked_at: datetime = _ts(default_factory=utcnow)
     expires_at: datetime = _ts(index=True)
+
+
+class Replica(SQLModel, table=True):
+    """A server process and the configuration it has loaded, as it last reported (every few seconds).
+
+    Replicas each load their own file: the console shows when live ones run different versions.
+    """
+
+    id: str = Field(primary_key=True, max_length=200)
+    """``host:pid`` of the process."""
+    config_version: str = Field(max_length=64)
+    loaded_at: datetime = _ts()
+    seen_at: datetime = _ts(index=True)

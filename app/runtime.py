@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, metrics
+from signoff.app import audit, metrics, replicas
 from signoff.app.channel_types import build_channel
 from signoff.app.clicks import ClickService
 from signoff.app.config import ConfigError, SignoffConfig, load_config
@@ -117,6 +117,7 @@ class Runtime:
     reload_failures: int = 0
     started_channels: bool = False
     """Whether channels' own connections (Socket Mode, long connection) are running."""
+    replica: str = field(default_factory=replicas.replica_id)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions)
@@ -154,6 +155,16 @@ class Runtime:
         built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
         built.update(channels or {})
         return cls(settings, config, engine, sessions, hub, reads, built, _registries(config))
+
+    async def report_replica(self) -> None:
+        """Record the configuration this process runs, for the console's replica view."""
+        try:
+            async with transaction(self.sessions) as session:
+                await replicas.report(
+                    session, self.replica, version=self.version, loaded_at=self.loaded_at, now=utcnow()
+                )
+        except Exception:
+            log.warning("could not record this replica's configuration version", exc_info=True)
 
     async def start_channels(self) -> None:
         """Start the channels' own connections; clicks on them reach the current configuration."""
@@ -221,6 +232,7 @@ class Runtime:
                     "closed": sorted(ch.name for ch in retired),
                 },
             )
+        await self.report_replica()
         log.info(
             "configuration %s loaded from %s (channels rebuilt: %s)",
             self.version,

@@ -34,6 +34,7 @@ TABLES = [
     "switch",
     "rate_bucket",
     "console_session_revocation",
+    "replica",
 ]
 
 DEFAULT_CONFIG: dict[str, Any] = {

@@ -22,6 +22,7 @@ from signoff.app.console.render import page, secured
 from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep
 from signoff.app.hook_services import set_switch
 from signoff.app.models import Status, Switch, utcnow
+from signoff.app.replicas import live_replicas
 
 __all__ = ["router"]
 
@@ -342,6 +343,7 @@ async def verify_audit(request: Request, who: SignedInDep, session: ReadsDep) ->
 async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep) -> Response:
     switches = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
     read_only = next((s for s in switches if s.name == READ_ONLY), None)
+    replicas = await live_replicas(session, utcnow())
     return page(
         request,
         "config.html",
@@ -349,6 +351,10 @@ async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, s
             "who": who,
             "nav": "config",
             "view": pages.config_view(runtime.config),
+            "version": runtime.version,
+            "loaded_at": runtime.loaded_at,
+            "replicas": replicas,
+            "replicas_differ": len({r.config_version for r in replicas} | {runtime.version}) > 1,
             "read_only": read_only,
             "switches": switches,
         },

@@ -16,9 +16,10 @@ from signoff.app.bodies import StrictJSONRoute
 from signoff.app.db import transaction
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.hook_services import set_switch
-from signoff.app.models import Status, Switch
+from signoff.app.models import Status, Switch, utcnow
 from signoff.app.operators import decide
 from signoff.app.queries import RequestFilter
+from signoff.app.replicas import live_replicas
 from signoff.app.schemas import (
     AdminRequestOut,
     AuditEventOut,
@@ -119,11 +120,17 @@ async def verify_audit(session: ReadsDep) -> AuditVerifyOut:
 
 
 @router.get("/config", responses=ERRORS)
-async def read_config(runtime: RuntimeDep) -> dict[str, Any]:
-    """The configuration as loaded, secrets masked, with its version and when it was loaded."""
+async def read_config(runtime: RuntimeDep, session: ReadsDep) -> dict[str, Any]:
+    """The configuration as loaded, secrets masked, with its version, when it was loaded, and the
+    version each live replica runs (``replicas_agree`` is false while they differ)."""
+    live = await live_replicas(session, utcnow())
     return {
         "version": runtime.version,
         "loaded_at": runtime.loaded_at.isoformat(),
+        "replicas": [
+            {"id": r.id, "version": r.config_version, "loaded_at": r.loaded_at.isoformat()} for r in live
+        ],
+        "replicas_agree": len({r.config_version for r in live} | {runtime.version}) == 1,
         **queries.config_view(runtime.config),
     }
 
