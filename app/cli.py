@@ -172,7 +172,7 @@ def serve(
 
     settings = _settings()
     if settings.config is not None:
-        _config(settings, needed_for="serve")
+        _config(settings, needed_for="serve")  # refuse to start on a file with problems
     configure_logging(settings.log_format, settings.log_level)
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
@@ -210,13 +210,56 @@ def config_check(file: Annotated[Path, typer.Argument(help="The YAML file.")]) -
         for problem in exc.problems:
             typer.echo(problem, err=True)
         raise typer.Exit(1) from None
+    for warning in cfg.warnings():
+        typer.echo(f"warning: {warning}", err=True)
     gates = sum(len(a.hooks) for a in cfg.agents.values())
     typer.echo(
         f"{file}: ok ({len(cfg.channels)} channels, {len(cfg.people)} people, "
         f"{len(cfg.agents)} agents, {gates} gates)"
     )
-    for warning in cfg.warnings():
-        typer.echo(warning)
+
+
+@config_app.command("reload")
+def config_reload(
+    url: Annotated[
+        str | None, typer.Option(help="The running server (default http://SIGNOFF_HOST:SIGNOFF_PORT).")
+    ] = None,
+) -> None:
+    """Ask the running server to reload SIGNOFF_CONFIG (POST /v1/admin/config/reload).
+
+    The server validates the whole file first: with any problem nothing changes and each
+    problem is printed. With replicas, run it against each (or send each one SIGHUP).
+    """
+    import httpx
+
+    settings = _settings()
+    if settings.admin_token is None:
+        raise CliError("SIGNOFF_ADMIN_TOKEN is not set: the reload needs the server's operator token", 2)
+    base = (url or f"http://{settings.host}:{settings.port}").rstrip("/")
+    try:
+        answer = httpx.post(
+            f"{base}/v1/admin/config/reload",
+            headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"},
+            timeout=30,
+        )
+    except httpx.HTTPError as exc:
+        raise CliError(
+            f"cannot reach Signoff at {base} ({exc}): is `signoff serve` running there? (--url)"
+        ) from None
+    if answer.status_code in (401, 403):
+        raise CliError(f"Signoff at {base} refused the operator token (HTTP {answer.status_code})")
+    try:
+        body = answer.json()
+    except ValueError:
+        raise CliError(f"Signoff at {base} answered HTTP {answer.status_code}, not a reload result") from None
+    if answer.status_code == 422 and isinstance(body, dict) and body.get("problems"):
+        for problem in body["problems"]:
+            typer.echo(f"error: {problem}", err=True)
+        raise CliError(f"the configuration was not reloaded; {body.get('version')} stays in force")
+    if answer.status_code != 200:
+        raise CliError(f"Signoff at {base} answered HTTP {answer.status_code}: {str(body)[:200]}")
+    rebuilt = ", ".join(body.get("rebuilt") or []) or "none"
+    typer.echo(f"configuration {body['version']} in force (channels rebuilt: {rebuilt})")
 
 
 @keys_app.command("create")

@@ -7,12 +7,14 @@ Secrets are written as ``${ENV_VAR}`` and read from the environment at load.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
@@ -51,7 +53,22 @@ __all__ = [
 ]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-DEFAULT_REDACT = ("password", "passwd", "secret", "token", "api_key", "apikey", "authorization", "cookie")
+DEFAULT_REDACT = (
+    "password",
+    "passwd",
+    "passphrase",
+    "pwd",
+    "secret",
+    "token",
+    "api_key",
+    "access_key",
+    "private_key",
+    "credential",
+    "authorization",
+    "cookie",
+)
+"""Redact words: a value is redacted under any key containing one, in any spelling (case,
+``-``, ``_``, spaces, camelCase: see signoff.app.redaction)."""
 
 # A raw channel user id is accepted as an approver only if it looks like one.
 _RAW_ID = {
@@ -142,6 +159,8 @@ class SignoffConfig:
     redact: frozenset[str] = frozenset(DEFAULT_REDACT)
     source: str = "<default>"
     operators: Mapping[str, Operator] = field(default_factory=dict)
+    version: str = ""
+    """:func:`config_version` of this configuration."""
 
     def channel_type(self, channel: str) -> str:
         return self.channels[channel].type
@@ -206,23 +225,6 @@ class SignoffConfig:
         records it by: its name (numbered when two gates share one)."""
         return self._confirmation_gates.get(agent, ())
 
-    def warnings(self) -> list[str]:
-        """What is valid but likely not meant, each as ``file: path: warning: …``."""
-        found: list[str] = []
-        for agent, cfg in self.agents.items():
-            for i, hook in enumerate(cfg.hooks):
-                if isinstance(hook, ConfirmationGate) and not hook.approvers:
-                    who = (
-                        "any operator"
-                        if self.is_web(hook.channel)
-                        else f"anyone in the channel {hook.channel!r}"
-                    )
-                    found.append(
-                        f"{self.source}: agents.{agent}.hooks[{i}].approvers: warning: none listed, "
-                        f"so {who} may approve; list the people who may"
-                    )
-        return found
-
     def channel_id_of(self, person: str, channel_type: str) -> str | None:
         entry = self.people.get(person)
         if entry is None:
@@ -232,6 +234,29 @@ class SignoffConfig:
     def display_name(self, person: str) -> str:
         entry = self.people.get(person)
         return (entry.name if entry and entry.name else None) or person
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but weaken security or are likely not meant, as
+        ``file: path: message`` lines."""
+        found: list[str] = []
+        for name, channel in self.channels.items():
+            # A channel's config may say what it weakens (Feishu's ``allow_unsigned``).
+            warn = getattr(channel, "warnings", None)
+            if callable(warn):
+                found += [f"{self.source}: channels.{name}.{w}" for w in warn()]
+        for agent, cfg in self.agents.items():
+            for i, hook in enumerate(cfg.hooks):
+                if isinstance(hook, ConfirmationGate) and not hook.approvers:
+                    who = (
+                        "any operator"
+                        if self.is_web(hook.channel)
+                        else f"anyone in the channel {hook.channel!r}"
+                    )
+                    found.append(
+                        f"{self.source}: agents.{agent}.hooks[{i}].approvers: none listed, "
+                        f"so {who} may approve; list the people who may"
+                    )
+        return found
 
 
 def _expand_env(node: Any, path: str, problems: list[str]) -> Any:
@@ -360,7 +385,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])
     redact = frozenset(k.lower() for k in doc.redact)
-    return SignoffConfig(
+    config = SignoffConfig(
         channels=channels,
         people=doc.people,
         agents=doc.agents,
@@ -368,6 +393,38 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         source=source,
         operators=doc.operators,
     )
+    return replace(config, version=config_version(config))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return {"secret": hashlib.sha256(value.get_secret_value().encode()).hexdigest()}
+    if isinstance(value, BaseModel):
+        return {k: _plain(v) for k, v in value.model_dump(mode="python", round_trip=True).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_plain(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)
+
+
+def config_version(config: SignoffConfig) -> str:
+    """A digest of the configuration's normalised content: equal files, equal versions, whatever
+    their layout, comments or order; any change to a gate, a person, a channel or a secret
+    gives another version (secrets enter it only as their own digests). Every request records
+    the version it was gated under."""
+    content = {
+        "channels": {name: _plain(cfg) for name, cfg in config.channels.items()},
+        "people": {name: _plain(p) for name, p in config.people.items()},
+        "agents": {name: _plain(a) for name, a in config.agents.items()},
+        "operators": {name: _plain(o) for name, o in config.operators.items()},
+        "redact": sorted(config.redact),
+    }
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def load_config(path: Path | None) -> SignoffConfig:

@@ -28,6 +28,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
+from signoff.app.redaction import redact
 from signoff.app.votes import NOT_AN_APPROVER, Voter, eligible_gates, gates_of
 from signoff.channels import Card, GateProgress, Person, Verdict
 from signoff.hooks import Decision, HookResult
@@ -60,7 +61,6 @@ DECIDED_KEY = "signoff.decided"
 NOTIFY_CHANNEL = "signoff_decided"
 NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
 OUTBOX_KEY = "signoff.outbox"
-REDACTED = "[redacted]"
 
 
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
@@ -85,18 +85,6 @@ def _row(obj: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def _sources(target: Status) -> list[str]:
     return [s.value for s, targets in ALLOWED_TRANSITIONS.items() if target in targets]
-
-
-def redact(value: Any, words: frozenset[str]) -> Any:
-    """Replace values under keys that contain a redacted word (``password``, ``token``…)."""
-    if isinstance(value, Mapping):
-        return {
-            k: REDACTED if any(w in str(k).lower() for w in words) else redact(v, words)
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [redact(v, words) for v in value]
-    return value
 
 
 async def get_request(

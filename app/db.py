@@ -17,13 +17,19 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 from sqlalchemy.util import await_
 from sqlalchemy.util.queue import AsyncAdaptedQueue, Empty
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app.bodies import read_json
+
 __all__ = [
+    "RETRY_AFTER_SECONDS",
+    "UNAVAILABLE",
     "YIELD_AFTER_COMMIT",
     "async_url",
     "create_engine",
@@ -36,6 +42,12 @@ __all__ = [
 ]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+UNAVAILABLE: tuple[type[Exception], ...] = (DBAPIError, OSError, PoolTimeout)
+"""What the database raises when it cannot be reached: a driver error, a refused connection,
+an exhausted pool. (Its ``DataError``, a value it refuses, is the client's fault instead.)"""
+RETRY_AFTER_SECONDS = 1
+"""The ``Retry-After`` of a 503 while the database is unavailable."""
 
 
 def async_url(url: str) -> str:
@@ -207,6 +219,8 @@ def create_engine(url: str, *, readonly: bool = False, **kw: Any) -> AsyncEngine
     Other processes (the CLI, another server) still wait on ``busy_timeout``.
     """
     url = async_url(url)
+    # Rows stored before the input rules (or edited by hand) read as what can be shown.
+    kw.setdefault("json_deserializer", read_json)
     if not is_sqlite(url):
         kw.setdefault("pool_size", 20)
         kw.setdefault("max_overflow", 20)

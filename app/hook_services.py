@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Actor
-from signoff.app.confirmations import redact
+from signoff.app.db import UNAVAILABLE
 from signoff.app.intake import Approvals
 from signoff.app.models import RateBucket, Switch, utcnow
-from signoff.hooks import HookContext, HookResult
+from signoff.app.redaction import redact
+from signoff.hooks import HookContext, HookResult, ServiceUnavailable
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Runtime
 
 __all__ = ["ServerHookServices", "is_switch_on", "set_switch"]
+
+log = logging.getLogger("signoff")
+
+
+@contextmanager
+def _reachable() -> Iterator[None]:
+    """Turn "the database cannot be reached" into :class:`ServiceUnavailable`, which the hook
+    registry lets through (the agent is told to retry) instead of denying the call."""
+    try:
+        yield
+    except DataError:
+        raise  # a value the database refuses: the hook fails, the call is denied
+    except UNAVAILABLE as exc:
+        raise ServiceUnavailable(f"the database is unavailable ({type(exc).__name__})") from exc
 
 
 async def is_switch_on(session: AsyncSession, name: str) -> bool:
@@ -58,17 +76,57 @@ class ServerHookServices:
         self.approvals = Approvals(session, config, intake=runtime.intake)
         extra = config.agents[agent_id].redact if agent_id in config.agents else ()
         self._redact = config.redact | frozenset(w.lower() for w in extra)
+        self._unsettled: asyncio.Task[HookResult] | None = None
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
-        return await self.approvals.request_approval(ctx, gate)
+        # The write runs in a task of its own that the gate's timeout cannot cut short. Were
+        # it cancelled, the request and its card post could be committed all the same (the
+        # intake writes batches in a transaction of its own) while the agent hears "deny":
+        # state and answer would disagree. Cancelling the committed request instead would
+        # take a second write, which can fail or lose the race to an approver's click. So
+        # once a request is being written its outcome is the answer: a timeout leaves the
+        # write to `settle`, which the route awaits before answering.
+        task = asyncio.ensure_future(self._request_approval(ctx, gate))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._unsettled = task
+            raise
+
+    async def _request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
+        with _reachable():
+            return await self.approvals.request_approval(ctx, gate)
+
+    async def settle(self) -> HookResult | None:
+        """The answer of a request write that outlived its hook's timeout, once it has ended.
+
+        None when there was none, or when the write failed for a reason other than the
+        database being unavailable (nothing was written, so the timeout's deny stands).
+        Raises :class:`ServiceUnavailable` when the database could not be reached.
+        """
+        task, self._unsettled = self._unsettled, None
+        if task is None:
+            return None
+        try:
+            return await task
+        except ServiceUnavailable:
+            raise
+        except Exception:
+            log.exception("writing a new request failed after its hook timed out")
+            return None
 
     async def is_switch_on(self, name: str) -> bool:
-        if self._session.in_transaction():
-            return await is_switch_on(self._session, name)
-        async with self._reads() as session:
-            return await is_switch_on(session, name)
+        with _reachable():
+            if self._session.in_transaction():
+                return await is_switch_on(self._session, name)
+            async with self._reads() as session:
+                return await is_switch_on(session, name)
 
     async def take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
+        with _reachable():
+            return await self._take_token(bucket, capacity=capacity, refill_per_second=refill_per_second)
+
+    async def _take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
         session, now = self._session, utcnow()
         stmt = select(RateBucket).where(col(RateBucket.key) == bucket).with_for_update()
         row = (await session.exec(stmt)).first()
@@ -89,10 +147,14 @@ class ServerHookServices:
         row.tokens = tokens
         return (1 - tokens) / refill_per_second
 
+    def redact(self, value: Any) -> Any:
+        return redact(value, self._redact)
+
     async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
-        await audit.append(
-            self._session,
-            action,
-            actor=Actor("agent", ctx.agent_id),
-            detail=redact(dict(detail), self._redact),
-        )
+        with _reachable():
+            await audit.append(
+                self._session,
+                action,
+                actor=Actor("agent", ctx.agent_id),
+                detail=redact(dict(detail), self._redact),
+            )

@@ -279,7 +279,7 @@ class Approvals:
             "idempotency_key": self.idempotency_key(ctx),
             "call_digest": call_digest(ctx.tool_name, ctx.arguments),
             "request_metadata": redact(dict(ctx.metadata), words),
-            "gate": gates[0],
+            "gate": {**gates[0], "config_version": config.version},
             "gates": gates,
             "channel": first.channel,
             "requester": config.recognise(ctx.user_id) or ctx.user_id,
@@ -295,6 +295,7 @@ class Approvals:
             "gates": [g["name"] for g in gates],
             "channel": first.channel,
             "user_id": ctx.user_id,
+            "config_version": config.version,
         }
         channels = dict.fromkeys(gate.channel for _, gate in matched)
         return NewRequest(row, detail, cards=tuple(ch for ch in channels if not config.is_web(ch)))

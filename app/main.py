@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -13,20 +14,21 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DataError, DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from signoff.app import console
+from signoff.app.bodies import storable
 from signoff.app.confirmations import NOTIFY_CHANNEL, expire_overdue
-from signoff.app.db import is_sqlite, transaction
+from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
+from signoff.app.replicas import REPORT_SECONDS
 from signoff.app.routers import admin, agent, callbacks, ops
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
 from signoff.app.waiters import listen_for_decisions
-from signoff.channels import InteractiveChannel
+from signoff.hooks import ServiceUnavailable
 
 __all__ = ["create_app"]
 
@@ -50,7 +52,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if "\x00" in scope.get("path", "") or b"%00" in scope.get("query_string", b""):
+        if not storable(scope.get("path", "")) or b"%00" in scope.get("query_string", b""):
             # Shaped like FastAPI's own validation errors, as the schema documents 422.
             await _answer(send, 422, _NUL_IN_URL)
             return
@@ -119,6 +121,22 @@ async def sweep(runtime: Runtime) -> None:
         log.exception("expiry sweep failed")
 
 
+def _reload_on_sighup(runtime: Runtime) -> None:
+    """``kill -HUP`` reloads ``SIGNOFF_CONFIG`` (each replica its own file)."""
+    loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[object]] = set()
+
+    def reload() -> None:
+        task = loop.create_task(runtime.reload(), name="config-reload")
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        log.warning("SIGHUP cannot reload the configuration here; use POST /v1/admin/config/reload")
+
+
 def create_app(
     runtime: Runtime | None = None, *, settings: Settings | None = None, background: bool = True
 ) -> FastAPI:
@@ -132,9 +150,8 @@ def create_app(
         tasks: list[asyncio.Task[None]] = []
         scheduler = AsyncIOScheduler()
         if background:
-            for ch in rt.channels.values():
-                if isinstance(ch, InteractiveChannel):
-                    await ch.start(rt.clicks)
+            await rt.start_channels()
+            _reload_on_sighup(rt)
             scheduler.add_job(
                 sweep,
                 "interval",
@@ -147,11 +164,20 @@ def create_app(
                 # holds up serving.
                 next_run_time=datetime.now(UTC),
             )
+            scheduler.add_job(
+                rt.report_replica,
+                "interval",
+                seconds=REPORT_SECONDS,
+                max_instances=1,
+                coalesce=True,
+                id="replica-report",
+                next_run_time=datetime.now(UTC),
+            )
             scheduler.start()
             dispatcher = Dispatcher(
                 rt.sessions,
                 rt.channels,
-                rt.config,
+                lambda: rt.config,
                 wake=rt.hub.outbox,
                 poll_seconds=settings.outbox_poll_seconds,
                 lease_seconds=settings.outbox_lease_seconds,
@@ -172,6 +198,9 @@ def create_app(
         try:
             yield
         finally:
+            if background:
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if scheduler.running:
                 scheduler.shutdown(wait=False)
             for t in tasks:
@@ -197,17 +226,23 @@ def create_app(
     console.install(app, settings)
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        log.error("database unavailable on %s: %s: %s", request.url.path, type(exc).__name__, exc)
-        return JSONResponse({"detail": "the database is unavailable; try again"}, 503)
+        cause = exc.__cause__ if isinstance(exc, ServiceUnavailable) and exc.__cause__ else exc
+        log.error("database unavailable on %s: %s: %s", request.url.path, type(cause).__name__, cause)
+        return JSONResponse(
+            {"detail": "the database is unavailable; try again"},
+            503,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
 
     async def unstorable(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": "a value cannot be stored (out of range or not valid text)"}, 422)
 
     # Bad data reaching the database is the client's fault: 422, not "unavailable".
     app.add_exception_handler(DataError, unstorable)
-    # A driver error, a refused connection or an exhausted pool: the agent is told to retry
-    # (its client denies meanwhile), never handed a 500.
-    for kind in (DBAPIError, OSError, PoolTimeout):
+    # A driver error, a refused connection or an exhausted pool, whether met by a route or by
+    # a hook's services: the agent is told to retry (its client keeps trying within its own
+    # deadline, then denies), never handed a final deny or a 500.
+    for kind in (*UNAVAILABLE, ServiceUnavailable):
         app.add_exception_handler(kind, database_unavailable)
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

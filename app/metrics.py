@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 __all__ = [
     "CALLBACK_REJECTIONS",
+    "CONFIG_INFO",
+    "CONFIG_RELOAD_FAILURES",
     "DECISIONS",
     "DECISION_SECONDS",
     "DELIVERIES",
@@ -55,6 +57,17 @@ REQUESTS = Gauge("signoff_requests", "Requests in the database, by status.", ["s
 OUTBOX_BACKLOG = Gauge("signoff_outbox_backlog", "Card deliveries waiting to be sent.", registry=REGISTRY)
 OUTBOX_FAILED = Gauge("signoff_outbox_failed", "Card deliveries that gave up.", registry=REGISTRY)
 WAITERS = Gauge("signoff_waiters", "Agents long-polling on this process.", registry=REGISTRY)
+CONFIG_INFO = Gauge(
+    "signoff_config_info",
+    "The configuration this process has loaded (1 for its version).",
+    ["version"],
+    registry=REGISTRY,
+)
+CONFIG_RELOAD_FAILURES = Counter(
+    "signoff_config_reload_failures",
+    "Configuration reloads refused for problems in the file.",
+    registry=REGISTRY,
+)
 
 _NUMBERS = re.compile(r"\d+")
 

@@ -221,3 +221,31 @@ class AgentKey(SQLModel, table=True):
     key_hash: str = Field(unique=True, max_length=64)
     created_at: datetime = _ts(default_factory=utcnow)
     revoked_at: datetime | None = _ts(default=None, nullable=True)
+
+
+class ConsoleSessionRevocation(SQLModel, table=True):
+    """A console sign-in ended by signing out: every replica refuses its cookie from then on.
+
+    Kept until the session would have expired anyway, then pruned.
+    """
+
+    __tablename__ = "console_session_revocation"
+
+    session_digest: str = Field(primary_key=True, max_length=64)
+    """SHA-256 of the session's nonce (the cookie's own value is never stored)."""
+    operator: str = Field(max_length=200)
+    revoked_at: datetime = _ts(default_factory=utcnow)
+    expires_at: datetime = _ts(index=True)
+
+
+class Replica(SQLModel, table=True):
+    """A server process and the configuration it has loaded, as it last reported (every few seconds).
+
+    Replicas each load their own file: the console shows when live ones run different versions.
+    """
+
+    id: str = Field(primary_key=True, max_length=200)
+    """``host:pid`` of the process."""
+    config_version: str = Field(max_length=64)
+    loaded_at: datetime = _ts()
+    seen_at: datetime = _ts(index=True)

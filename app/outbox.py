@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -51,7 +51,7 @@ class Dispatcher:
         self,
         sessions: async_sessionmaker[AsyncSession],
         channels: Mapping[str, Channel],
-        config: SignoffConfig,
+        config: Callable[[], SignoffConfig],
         *,
         wake: asyncio.Event,
         poll_seconds: float = 1.0,
@@ -155,7 +155,7 @@ class Dispatcher:
         if channel is None:
             await self._finish(delivery_id, failed=f"no channel named {d.channel!r} is configured")
             return
-        card = build_card(req, votes, self._config, channel.type, channel=d.channel)
+        card = build_card(req, votes, self._config(), channel.type, channel=d.channel)
 
         if d.kind == "update" and post_ref is None:
             if post_failed:

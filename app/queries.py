@@ -3,10 +3,11 @@ its trail, the audit log and its verification, the configuration with secrets ma
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from pydantic import BaseModel, SecretStr
@@ -33,10 +34,39 @@ __all__ = [
     "list_requests",
     "masked",
     "masked_channels",
+    "readable",
+    "request_outs",
     "request_trail",
     "verify_audit",
     "votes_by_request",
 ]
+
+
+log = logging.getLogger("signoff")
+T = TypeVar("T")
+
+
+def readable(reqs: Iterable[ConfirmationRequest], show: Callable[[ConfirmationRequest], T]) -> list[T]:
+    """``show`` of each request, leaving out (and logging) any stored in a form it cannot
+    show: one unreadable row never takes down a listing."""
+    out: list[T] = []
+    for req in reqs:
+        try:
+            out.append(show(req))
+        except Exception as exc:
+            log.error(
+                "request %s cannot be shown (%s: %s); left out of the listing; fix or delete its row",
+                getattr(req, "id", "?"),
+                type(exc).__name__,
+                exc,
+            )
+    return out
+
+
+async def request_outs(session: AsyncSession, reqs: Sequence[ConfirmationRequest]) -> list[RequestOut]:
+    """The requests as the API shows them, with their votes (one query), unreadable rows left out."""
+    votes = await votes_by_request(session, (r.id for r in reqs))
+    return readable(reqs, lambda r: RequestOut.of(r, votes[r.id]))
 
 
 @dataclass(frozen=True, slots=True)

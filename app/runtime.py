@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -12,19 +14,20 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app import audit, metrics, replicas
 from signoff.app.channel_types import build_channel
 from signoff.app.clicks import ClickService
-from signoff.app.config import SignoffConfig, load_config
+from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.confirmations import DECIDED_KEY, OUTBOX_KEY
-from signoff.app.db import YIELD_AFTER_COMMIT, create_engine, is_sqlite
+from signoff.app.db import YIELD_AFTER_COMMIT, create_engine, is_sqlite, transaction
 from signoff.app.intake import Intake
-from signoff.app.models import ConfirmationRequest
+from signoff.app.models import ConfirmationRequest, utcnow
 from signoff.app.settings import Settings
 from signoff.app.waiters import Hub
-from signoff.channels import Channel
+from signoff.channels import Channel, Click, ClickOutcome, InteractiveChannel
 from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
 
-__all__ = ["Runtime"]
+__all__ = ["Reload", "Runtime"]
 
 log = logging.getLogger("signoff")
 
@@ -52,6 +55,49 @@ def _session_class(hub: Hub) -> type[Session]:
     return NotifyingSession
 
 
+def _registries(config: SignoffConfig) -> dict[str, HookRegistry]:
+    return {
+        agent: HookRegistry(
+            pre_tool_use=[h for h in cfg.hooks if isinstance(h, PreToolUseHook)],
+            post_tool_use=[h for h in cfg.hooks if isinstance(h, PostToolUseHook)],
+            session_start=[h for h in cfg.hooks if isinstance(h, SessionStartHook)],
+        )
+        for agent, cfg in config.agents.items()
+    }
+
+
+@dataclass(frozen=True)
+class Reload:
+    """What a reload did: the version now loaded, or the problems that left everything as it was."""
+
+    version: str
+    loaded_at: datetime
+    problems: tuple[str, ...] = ()
+    rebuilt: tuple[str, ...] = ()
+    """Channels whose settings changed (or that are new), built afresh."""
+    closed: tuple[str, ...] = ()
+    """Channels no longer configured (or replaced), closed."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class LiveClicks:
+    """The click handler given to channels' own connections: always the current configuration's."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    async def click(self, channel: str, click: Click) -> ClickOutcome:
+        return await self._runtime.clicks.click(channel, click)
+
+    async def enrich_identity(
+        self, channel: str, user_id: str, *, name: str | None, email: str | None
+    ) -> None:
+        await self._runtime.clicks.enrich_identity(channel, user_id, name=name, email=email)
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -65,9 +111,19 @@ class Runtime:
     registries: dict[str, HookRegistry] = field(default_factory=dict)
     intake: Intake = field(init=False)
     """Writes new requests, several calls per transaction when they arrive together."""
+    version: str = ""
+    """The loaded configuration's :func:`config_version`."""
+    loaded_at: datetime = field(default_factory=utcnow)
+    reload_failures: int = 0
+    started_channels: bool = False
+    """Whether channels' own connections (Socket Mode, long connection) are running."""
+    replica: str = field(default_factory=replicas.replica_id)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions)
+        self.version = self.version or self.config.version
+        metrics.CONFIG_INFO.clear()
+        metrics.CONFIG_INFO.labels(self.version).set(1)
 
     @classmethod
     def create(
@@ -100,15 +156,94 @@ class Runtime:
             )
         built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
         built.update(channels or {})
-        registries = {
-            agent: HookRegistry(
-                pre_tool_use=[h for h in cfg.hooks if isinstance(h, PreToolUseHook)],
-                post_tool_use=[h for h in cfg.hooks if isinstance(h, PostToolUseHook)],
-                session_start=[h for h in cfg.hooks if isinstance(h, SessionStartHook)],
+        return cls(settings, config, engine, sessions, hub, reads, built, _registries(config))
+
+    async def report_replica(self) -> None:
+        """Record the configuration this process runs, for the console's replica view."""
+        try:
+            async with transaction(self.sessions) as session:
+                await replicas.report(
+                    session, self.replica, version=self.version, loaded_at=self.loaded_at, now=utcnow()
+                )
+        except Exception:
+            log.warning("could not record this replica's configuration version", exc_info=True)
+
+    async def start_channels(self) -> None:
+        """Start the channels' own connections; clicks on them reach the current configuration."""
+        for ch in self.channels.values():
+            if isinstance(ch, InteractiveChannel):
+                await ch.start(LiveClicks(self))
+        self.started_channels = True
+
+    async def reload(self, path: Path | None = None) -> Reload:
+        """Load ``path`` (default ``SIGNOFF_CONFIG``) and put it in force, or change nothing.
+
+        The whole file is validated first: a file with problems leaves the running
+        configuration, its channels and their connections as they were. A good one takes
+        effect for the next call; requests already pending keep the gate snapshot they were
+        made with, and agents waiting on them are not disturbed. Channels whose settings did
+        not change keep their objects (and connections); changed and new ones are built
+        afresh and started, removed and replaced ones are closed.
+        """
+        source = path if path is not None else self.settings.config
+        try:
+            config = load_config(source)
+        except ConfigError as exc:
+            self.reload_failures += 1
+            metrics.CONFIG_RELOAD_FAILURES.inc()
+            log.error("configuration reload refused, nothing changed: %s", "; ".join(exc.problems))
+            return Reload(self.version, self.loaded_at, tuple(exc.problems))
+        # Channels given to the runtime by the embedding code (not built from the file) stay.
+        kept = {name: ch for name, ch in self.channels.items() if name not in self.config.channels}
+        fresh: dict[str, Channel] = {}
+        for name, cfg in config.channels.items():
+            old = self.channels.get(name)
+            if old is not None and self.config.channels.get(name) == cfg:
+                kept[name] = old
+            elif name not in kept:
+                fresh[name] = build_channel(name, cfg)
+        retired = [ch for name, ch in self.channels.items() if name not in kept]
+        if self.started_channels:
+            for ch in fresh.values():
+                if isinstance(ch, InteractiveChannel):
+                    await ch.start(LiveClicks(self))
+        # One synchronous swap: no await between these lines, so every call sees one policy.
+        self.config = config
+        self.registries = _registries(config)
+        self.channels.clear()
+        self.channels.update(kept | fresh)
+        previous = self.version
+        self.version, self.loaded_at = config.version, utcnow()
+        metrics.CONFIG_INFO.clear()
+        metrics.CONFIG_INFO.labels(self.version).set(1)
+        for ch in retired:
+            try:
+                await ch.aclose()
+            except Exception:
+                log.exception("closing channel %s", ch.name)
+        async with transaction(self.sessions) as session:
+            await audit.append(
+                session,
+                "config_reloaded",
+                actor=audit.SYSTEM,
+                detail={
+                    "version": self.version,
+                    "previous": previous,
+                    "source": str(source),
+                    "rebuilt": sorted(fresh),
+                    "closed": sorted(ch.name for ch in retired),
+                },
             )
-            for agent, cfg in config.agents.items()
-        }
-        return cls(settings, config, engine, sessions, hub, reads, built, registries)
+        await self.report_replica()
+        log.info(
+            "configuration %s loaded from %s (channels rebuilt: %s)",
+            self.version,
+            source,
+            ", ".join(sorted(fresh)) or "none",
+        )
+        return Reload(
+            self.version, self.loaded_at, (), tuple(sorted(fresh)), tuple(sorted(ch.name for ch in retired))
+        )
 
     @property
     def clicks(self) -> ClickService:

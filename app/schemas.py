@@ -4,22 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from signoff.app.bodies import storable
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
 from signoff.app.votes import gates_of
 
+if TYPE_CHECKING:
+    from signoff.app.runtime import Reload
 
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+
+def _storable(value: str) -> str:
+    if not storable(value):
+        raise ValueError("must not contain NUL characters or lone surrogates")
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
-"""A string stored in a text column (PostgreSQL cannot hold NUL characters)."""
+Text = Annotated[str, AfterValidator(_storable)]
+"""A string stored in a text column (no NUL, no lone surrogate: see signoff.app.bodies)."""
 
 
 class PreToolUseIn(BaseModel):
@@ -83,6 +87,28 @@ class SwitchOut(BaseModel):
     updated_at: datetime
     updated_by: str | None
     reason: str | None
+
+
+class ReloadOut(BaseModel):
+    """A configuration reload: the version in force and, when refused, every problem."""
+
+    ok: bool
+    version: str
+    loaded_at: datetime
+    problems: list[str]
+    rebuilt: list[str]
+    closed: list[str]
+
+    @classmethod
+    def of(cls, done: Reload) -> ReloadOut:
+        return cls(
+            ok=done.ok,
+            version=done.version,
+            loaded_at=done.loaded_at,
+            problems=list(done.problems),
+            rebuilt=list(done.rebuilt),
+            closed=list(done.closed),
+        )
 
 
 class Decider(BaseModel):
@@ -152,6 +178,8 @@ class RequestOut(BaseModel):
     """Approvals that count towards the gates' quorums (``quorum`` of them approve)."""
     votes: list[VoteOut]
     gates: list[GateOut]
+    config_version: str | None = None
+    """The version of the configuration the call was gated under."""
 
     @classmethod
     def of(cls, r: ConfirmationRequest, votes: Sequence[Vote]) -> RequestOut:
@@ -182,6 +210,7 @@ class RequestOut(BaseModel):
             approvals=sum(min(g.approvals, g.quorum) for g in gates),
             votes=[VoteOut.of(v, snapshots) for v in votes],
             gates=gates,
+            config_version=r.gate.get("config_version"),
         )
 
 

@@ -10,6 +10,9 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _PLACEHOLDERS = {"", "changeme", "change-me", "secret", "admin", "password", "token"}
+MIN_ADMIN_TOKEN_CHARS = 24
+"""Outside development, shorter admin tokens are refused (``token_urlsafe(24)`` gives 32)."""
+_MAKE_ONE = "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
 
 
 class Settings(BaseSettings):
@@ -46,10 +49,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:
         token = self.admin_token.get_secret_value() if self.admin_token else None
-        if token is not None and token.strip().lower() in _PLACEHOLDERS and self.environment != "development":
+        if token is None or self.environment == "development":
+            return self
+        if token.strip().lower() in _PLACEHOLDERS:
+            raise ValueError(f"SIGNOFF_ADMIN_TOKEN is a placeholder; set a long random value {_MAKE_ONE}")
+        if len(token.strip()) < MIN_ADMIN_TOKEN_CHARS:
             raise ValueError(
-                "SIGNOFF_ADMIN_TOKEN is a placeholder; set a long random value "
-                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+                f"SIGNOFF_ADMIN_TOKEN is too short ({len(token.strip())} of the {MIN_ADMIN_TOKEN_CHARS} "
+                f"characters needed outside development); set a long random value {_MAKE_ONE}"
             )
         return self
 
@@ -57,10 +64,7 @@ class Settings(BaseSettings):
     def _refuse_weak_session_secret(self) -> Settings:
         secret = self.session_secret.get_secret_value() if self.session_secret else None
         if secret is not None and len(secret.strip()) < 16 and self.environment != "development":
-            raise ValueError(
-                "SIGNOFF_SESSION_SECRET is too short; set a long random value "
-                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
-            )
+            raise ValueError(f"SIGNOFF_SESSION_SECRET is too short; set a long random value {_MAKE_ONE}")
         return self
 
 

@@ -2,7 +2,8 @@
 
     python -m bench [--quick] [--db sqlite|postgres ...] [--only SECTION ...] [--no-write]
 
-Sections: ``client`` (agent-side overhead through the client library),
+Sections: ``hook`` (``signoff-hook claude-code`` start-up, editable and as a wheel),
+``client`` (agent-side overhead through the client library),
 ``latency`` (decision → waiter), ``throughput`` (pending creation and the allow
 path vs bare FastAPI baselines), ``waiters`` (many concurrent long-polls),
 ``restart`` (many pending requests). ``--quick`` runs each briefly (for CI;
@@ -16,14 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from bench import client_overhead, restart, throughput, waiters, wake_latency
+from bench import client_overhead, hook_startup, restart, throughput, waiters, wake_latency
 from bench._report import Row, dump_json, machine, markdown, text_table
-from bench._server import ROOT, baseline, config_with_slack, fake_slack, running_server
+from bench._server import ROOT, Signoff, baseline, config_with_slack, fake_slack, running_server
 
-SECTIONS = ["client", "latency", "throughput", "waiters", "restart"]
+SECTIONS = ["hook", "client", "latency", "throughput", "waiters", "restart"]
 DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -36,14 +39,15 @@ class Plan:
     concurrency: int
     wake_rounds: int
     client_calls: int
+    hook_runs: int
     waiters: int
     waiter_dbs: tuple[str, ...]
     pending: int
     restart_dbs: tuple[str, ...]
 
 
-FULL = Plan(5.0, 1.0, 3, 32, 300, 500, 10_000, ("sqlite", "postgres"), 100_000, ("sqlite", "postgres"))
-QUICK = Plan(1.0, 0.3, 1, 32, 30, 50, 300, ("sqlite",), 3_000, ("sqlite",))
+FULL = Plan(5.0, 1.0, 3, 32, 300, 500, 40, 10_000, ("sqlite", "postgres"), 100_000, ("sqlite", "postgres"))
+QUICK = Plan(1.0, 0.3, 1, 32, 30, 50, 10, 300, ("sqlite",), 3_000, ("sqlite",))
 
 
 def log(msg: str) -> None:
@@ -59,6 +63,8 @@ def server_sections(db: str, plan: Plan, only: set[str]) -> list[Row]:
         baseline("echo") as (echo, _),
     ):
         echo_lat = None
+        if "hook" in only and db == "sqlite":
+            rows += hook_rows(s, plan.hook_runs)
         if "client" in only or "latency" in only:
             log(f"{db}: client overhead ({plan.client_calls} calls)")
             c = client_overhead.measure(s, echo, plan.client_calls)
@@ -132,6 +138,30 @@ def server_sections(db: str, plan: Plan, only: set[str]) -> list[Row]:
                 warmup=plan.warmup,
                 server=s,
                 echo=echo,
+            )
+    return rows
+
+
+def hook_rows(s: Signoff, runs: int) -> list[Row]:
+    log(f"hook start-up ({runs} runs each, editable and wheel)")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, python in (
+            ("editable install", None),
+            ("wheel, fresh virtualenv", hook_startup.wheel_venv(Path(tmp))),
+        ):
+            r = hook_startup.measure(s, runs, python)
+            rows.append(
+                Row(
+                    f"signoff-hook claude-code, ungated tool, median ({label})",
+                    "sqlite",
+                    f"{r.hook_median_ms:.1f} ms (p90 {r.hook_p90_ms:.1f})",
+                    f"{r.python_median_ms:.1f} ms (python -c pass)",
+                    r.ratio,
+                    "ratio ≤ 5",
+                    r.ratio <= 5,
+                    "a new process per call, as Claude Code runs it; ratio = hook / python -c pass",
+                )
             )
     return rows
 
@@ -215,7 +245,7 @@ def main() -> None:
     t0 = time.monotonic()
     rows: list[Row] = []
     for db in dbs:
-        if only & {"client", "latency", "throughput"}:
+        if only & {"hook", "client", "latency", "throughput"}:
             rows += server_sections(db, plan, only)
     for db in dbs:
         if "waiters" in only and db in (plan.waiter_dbs if not args.db else dbs):

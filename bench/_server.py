@@ -223,7 +223,7 @@ def signoff_database(
         tmp = Path(tmp_name)
         cfg = tmp / "signoff.yaml"
         cfg.write_text(config)
-        admin = secrets.token_urlsafe(16)
+        admin = secrets.token_urlsafe(32)
         url = f"sqlite:///{tmp}/{name}.db" if db == "sqlite" else fresh_pg_database(name)
         env = {
             **os.environ,

@@ -5,6 +5,10 @@
 - subject: ``signoff-hook claude-code`` for a tool no gate matches, against a running
   server (stdin in, the answer on stdout, exit 0).
 
+Measured twice: as installed in this checkout's virtualenv (editable: the import hook
+of the editable install slows every start-up, the baseline's too), and as an agent
+installs it, the ``signoff-hooks`` wheel alone in a fresh virtualenv.
+
 Runs alternate (baseline, subject, baseline, …) so that a change in the machine's load
 hits both. The ratio is subject median / baseline median (target ≤ 5).
 
@@ -19,13 +23,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._server import Signoff, running_server
+from bench._server import ROOT, Signoff, running_server
 
-HOOK = Path(sys.executable).with_name("signoff-hook")
 UNGATED = json.dumps(
     {
         "session_id": "bench",
@@ -57,13 +61,39 @@ def _timed(args: list[str], env: dict[str, str], stdin: str) -> float:
     return took
 
 
-def measure(s: Signoff, runs: int) -> StartupResult:
+def wheel_venv(where: Path) -> Path:
+    """A fresh virtualenv with only the ``signoff-hooks`` wheel built from this checkout."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(where / "dist"),
+            str(ROOT / "hooks"),
+        ],
+        check=True,
+        timeout=600,
+    )
+    subprocess.run([sys.executable, "-m", "venv", str(where / "venv")], check=True, timeout=300)
+    python = where / "venv" / "bin" / "python"
+    wheels = [str(w) for w in (where / "dist").glob("signoff_hooks-*.whl")]
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *wheels], check=True, timeout=600)
+    return python
+
+
+def measure(s: Signoff, runs: int, python: Path | None = None) -> StartupResult:
+    python = python or Path(sys.executable)
+    hook_path = python.with_name("signoff-hook")
     env = {**os.environ, "SIGNOFF_URL": s.url, "SIGNOFF_API_KEY": s.key}
     hook: list[float] = []
     bare: list[float] = []
     for i in range(runs + 3):
-        b = _timed([sys.executable, "-c", "pass"], env, "")
-        h = _timed([str(HOOK), "claude-code"], env, UNGATED)
+        b = _timed([str(python), "-c", "pass"], env, "")
+        h = _timed([str(hook_path), "claude-code"], env, UNGATED)
         if i >= 3:  # the first runs warm the page cache
             bare.append(b)
             hook.append(h)
@@ -80,12 +110,14 @@ def main() -> None:
     p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--runs", type=int, default=40)
     args = p.parse_args()
-    with running_server(args.db) as s:
-        r = measure(s, args.runs)
-    print(
-        f"signoff-hook claude-code: {r.hook_median_ms:.1f} ms median (p90 {r.hook_p90_ms:.1f}); "
-        f"python -c pass: {r.python_median_ms:.1f} ms; ratio {r.ratio:.2f} (target ≤ 5)"
-    )
+    with running_server(args.db) as s, tempfile.TemporaryDirectory() as tmp:
+        for label, python in (("editable", None), ("wheel", wheel_venv(Path(tmp)))):
+            r = measure(s, args.runs, python)
+            print(
+                f"{label}: signoff-hook claude-code {r.hook_median_ms:.1f} ms median "
+                f"(p90 {r.hook_p90_ms:.1f}); python -c pass {r.python_median_ms:.1f} ms; "
+                f"ratio {r.ratio:.2f} (target ≤ 5)"
+            )
 
 
 if __name__ == "__main__":

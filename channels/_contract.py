@@ -32,6 +32,23 @@ __all__ = [
     "Verdict",
 ]
 
+UNSTORABLE_TEXT = "text that cannot be stored (NUL or a lone surrogate)"
+"""The reason a click carrying such text is refused (recorded in the audit log)."""
+
+
+def _storable(text: str | None) -> bool:
+    """Whether both databases can hold ``text`` as it is: no NUL, no lone surrogate."""
+    if text is None:
+        return True
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 MessageRef = dict[str, str]
 """Where a posted card lives (for Slack ``channel`` and ``ts``, for Feishu ``message_id``)."""
 
@@ -113,6 +130,14 @@ class Click:
     """The conversation the clicked card is in (a Slack channel id, a Feishu chat id), as the
     platform says; ``None`` when it does not (a click in Slack's Home tab). A click counts
     only in the conversation its card was posted to."""
+
+    def __post_init__(self) -> None:
+        # Everything here is stored (votes, audit events); text no database can hold would
+        # fail there as "database unavailable" or worse. The click is malformed: a 400.
+        texts = [self.request_id, self.user_id, self.user_name, self.reason, self.event_id]
+        texts += [*self.identity.keys(), *self.identity.values()]
+        if not all(_storable(text) for text in texts):
+            raise CallbackRejected(UNSTORABLE_TEXT, status_code=400)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         HookServices,
         PostToolUseHook,
         PreToolUseHook,
+        ServiceUnavailable,
         SessionStartHook,
     )
     from signoff.hooks.registry import HookRegistry
@@ -31,6 +32,7 @@ __all__ = [
     "HookServices",
     "PostToolUseHook",
     "PreToolUseHook",
+    "ServiceUnavailable",
     "SessionStartHook",
 ]
 

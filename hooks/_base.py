@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Mapping
-from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 from signoff.hooks._gate import (
     DEFAULT_SUBMIT_DEADLINE,
@@ -32,13 +30,19 @@ from signoff.hooks._gate import (
     gate_flow,
 )
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Generator, Mapping
+    from types import TracebackType
+    from typing import Self
+
+    Flow = Generator[Step, Outcome, GateDecision]
+    Exchange = Callable[[HttpCall], HttpReply | TransportFailure]
+
 __all__ = [
     "ENV_API_KEY",
     "ENV_SUBMIT_DEADLINE",
     "ENV_URL",
     "ClientBase",
-    "Exchange",
-    "Flow",
     "SyncGateClient",
     "crashed",
     "drive",
@@ -49,9 +53,6 @@ ENV_URL = "SIGNOFF_URL"
 ENV_API_KEY = "SIGNOFF_API_KEY"
 ENV_SUBMIT_DEADLINE = "SIGNOFF_SUBMIT_DEADLINE"
 USER_AGENT = "signoff-client/0.1"
-
-Flow = Generator[Step, Outcome, GateDecision]
-Exchange = Callable[[HttpCall], HttpReply | TransportFailure]
 
 
 def _resolve(url: str | None, api_key: str | None) -> tuple[str, str]:
@@ -97,13 +98,13 @@ def crashed(exc: BaseException) -> GateDecision:
     return _unavailable(f"Signoff gate client error ({type(exc).__name__}: {exc}); denied to be safe")
 
 
-def drive(flow: Flow, exchange: Exchange, sleep: Callable[[float], None] = time.sleep) -> GateDecision:
+def drive(flow: Flow, exchange: Exchange, sleep: Callable[[float], None] | None = None) -> GateDecision:
     """Run a flow to its decision, performing each step synchronously."""
     try:
         step = next(flow)
         while True:
             if isinstance(step, Pause):
-                sleep(step.seconds)
+                (sleep or time.sleep)(step.seconds)
                 step = flow.send(None)
             else:
                 step = flow.send(exchange(step))

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from signoff.hooks._decision import Decision
+
 __all__ = [
     "Decision",
     "HookContext",
@@ -21,15 +23,9 @@ __all__ = [
     "HookServices",
     "PostToolUseHook",
     "PreToolUseHook",
+    "ServiceUnavailable",
     "SessionStartHook",
 ]
-
-
-class Decision(StrEnum):
-    ALLOW = "allow"
-    DENY = "deny"
-    PENDING = "pending"
-    """A human must decide; ``request_id`` names the confirmation request."""
 
 
 class HookPoint(StrEnum):
@@ -132,6 +128,12 @@ class SessionStartHook(Protocol):
     async def on_session_start(self, ctx: HookContext) -> HookResult: ...
 
 
+class ServiceUnavailable(Exception):
+    """Raised by :class:`HookServices` when what it needs (the server's database) cannot be
+    reached. The registry lets it through instead of denying, so the server answers with a
+    retryable error: the call may well pass once the service is back."""
+
+
 class HookServices(Protocol):
     """The server side of the built-in hooks, bound to the call's transaction."""
 
@@ -147,6 +149,10 @@ class HookServices(Protocol):
         """Take one token from a shared bucket: 0 if taken, else seconds until one is free."""
         ...
 
+    def redact(self, value: Any) -> Any:
+        """``value`` with secrets masked, as it would be stored (redact before you summarise)."""
+        ...
+
     async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
-        """Append an event to the audit log."""
+        """Append an event to the audit log (``detail`` is redacted before it is stored)."""
         ...

@@ -9,21 +9,27 @@ state machine: submit → (pending) long-poll ``/wait`` → decision, re-attachi
 by request id after dropped connections and 5xx answers until the deadline.
 
 Every path that is not an explicit allow from the server ends in a deny.
+
+The Claude Code hook imports this module in a new process for every tool call, so it
+imports little: its records are ``NamedTuple``s (not dataclasses, whose import costs
+more than the rest of the module), and what only some paths need is imported there.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import random
-import uuid
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, unquote
 
-from signoff.hooks._contract import Decision
+from signoff.hooks._decision import Decision
+
+if TYPE_CHECKING:
+    from typing import Literal
+
+    FailureKind = Literal["refused", "dns", "tls", "timeout", "other"]
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -92,8 +98,7 @@ class GateFailure(StrEnum):
     """Signoff could not be reached, refused the key, or answered something unusable."""
 
 
-@dataclass(frozen=True, slots=True)
-class GateDecision:
+class GateDecision(NamedTuple):
     """The outcome of one gated tool call. Only ``allowed=True`` lets the tool run."""
 
     allowed: bool
@@ -105,10 +110,14 @@ class GateDecision:
     """Arguments rewritten by the server's hooks; run the tool with these instead."""
     failure: GateFailure | None = None
     """Set when the deny is the client failing closed (not a decision by policy or a person)."""
-    request: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    request: Mapping[str, Any] | None = None
     """The server's request record (status, ``decided_by``, votes…), when there is one."""
     pending: bool = False
     """Only with ``wait=False``: a person has been asked and has not decided yet (``allowed`` is False)."""
+
+    def __repr__(self) -> str:  # the request record is long; its id is enough here
+        shown = ("allowed", "reason", "request_id", "modified_arguments", "failure", "pending")
+        return "GateDecision(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in shown) + ")"
 
     @property
     def decision(self) -> Decision:
@@ -175,19 +184,17 @@ def make_idempotency_key(runtime: str, session: str | None, tool_call_id: str | 
 # --------------------------------------------------------------------------- I/O vocabulary
 
 
-@dataclass(frozen=True, slots=True)
-class HttpCall:
+class HttpCall(NamedTuple):
     """One HTTP exchange the driver must perform. ``timeout`` bounds the whole exchange."""
 
     method: Literal["GET", "POST"]
     path: str
     timeout: float
-    params: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = MappingProxyType({})
     body: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HttpReply:
+class HttpReply(NamedTuple):
     """A complete HTTP response."""
 
     status: int
@@ -195,11 +202,7 @@ class HttpReply:
     retry_after: float | None = None
 
 
-FailureKind = Literal["refused", "dns", "tls", "timeout", "other"]
-
-
-@dataclass(frozen=True, slots=True)
-class TransportFailure:
+class TransportFailure(NamedTuple):
     """The exchange failed below HTTP: refused, reset, timed out, protocol error."""
 
     error: str
@@ -255,8 +258,7 @@ def unreachable_reason(url: str, window: float, failure: TransportFailure | None
     return f"{where} could not be reached within {window:g}s ({failure.error}); denied — {check}"
 
 
-@dataclass(frozen=True, slots=True)
-class Pause:
+class Pause(NamedTuple):
     """Sleep this many seconds, then send ``None``."""
 
     seconds: float
@@ -266,8 +268,7 @@ Step = HttpCall | Pause
 Outcome = HttpReply | TransportFailure | None
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
+class ToolCall(NamedTuple):
     """What the agent wants to run, as sent to ``POST /v1/hooks/pre-tool-use``."""
 
     tool_name: str
@@ -298,7 +299,7 @@ class ToolCall:
         key = (
             idempotency_key
             or make_idempotency_key(runtime, session_id, tool_call_id)
-            or f"{runtime}:auto:{uuid.uuid4().hex}"
+            or f"{runtime}:auto:{_fresh_id()}"
         )
         return cls(
             tool_name=tool_name,
@@ -324,8 +325,16 @@ class ToolCall:
         return json.dumps(payload, default=_json_default, allow_nan=False, ensure_ascii=False).encode()
 
 
+def _fresh_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
 def _json_default(value: Any) -> Any:
     """Best-effort JSON for tool arguments that are not plain JSON types."""
+    import dataclasses
+
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
@@ -341,19 +350,16 @@ def _json_default(value: Any) -> Any:
 # --------------------------------------------------------------------------- interpretation
 
 
-@dataclass(frozen=True, slots=True)
-class _Final:
+class _Final(NamedTuple):
     decision: GateDecision
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
+class _Pending(NamedTuple):
     request_id: str
     request: Mapping[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Retry:
+class _Retry(NamedTuple):
     error: str
     after: float | None = None
 
@@ -520,8 +526,7 @@ def interpret_submit(reply: HttpReply | TransportFailure) -> tuple[_Verdict, dic
 # --------------------------------------------------------------------------- the flow
 
 
-@dataclass(frozen=True, slots=True)
-class FlowSettings:
+class FlowSettings(NamedTuple):
     """Timing knobs of one gated call (seconds)."""
 
     deadline: float = DEFAULT_DEADLINE
@@ -537,6 +542,8 @@ class FlowSettings:
 def _backoff(settings: FlowSettings, attempt: int, retry_after: float | None) -> float:
     """Exponential backoff with jitter (attempt ≥ 1), at least ``Retry-After`` when given."""
     ceiling = min(settings.backoff_max, settings.backoff_initial * 2.0 ** min(attempt - 1, 30))
+    import random
+
     delay = ceiling * random.uniform(0.5, 1.0)
     if retry_after is not None:
         delay = max(delay, min(retry_after, settings.backoff_max * 6))
@@ -672,7 +679,7 @@ def gate_flow(
         note = "is still pending (cancelling it failed)"
         if outcome.failure is None and not outcome.pending:
             if outcome.allowed:
-                return replace(outcome, modified_arguments=modified)
+                return outcome._replace(modified_arguments=modified)
             if (outcome.request or {}).get("status") != "cancelled":
                 return outcome
             note = "was cancelled"

@@ -1,13 +1,19 @@
-"""A synchronous gate client over the standard library's ``http.client``, for ``http://`` URLs.
+"""A synchronous gate client over a plain socket, for ``http://`` URLs.
 
-The Claude Code hook is a new process for every gated tool call, so what it imports is
-what the user waits for: this shell keeps one keep-alive connection and needs neither
-httpx nor an SSL context. ``https://`` URLs go through :class:`signoff.hooks.client.GateClient`.
+The Claude Code hook is a new process for every gated tool call, so what it imports
+is what the user waits for. httpx, and even the standard library's ``http.client``
+(which pulls in the ``email`` package and ``ssl``), cost several times a bare Python
+start-up on the machines measured in ``bench/``; so this shell speaks the little
+HTTP/1.1 the gate needs itself: one keep-alive connection, requests with a
+``Content-Length``, responses with a ``Content-Length``, chunked or read to the close.
+Every exchange is bounded as a whole by its timeout, however slowly the server
+answers. ``https://`` URLs go through :class:`signoff.hooks.client.GateClient`.
 """
 
 from __future__ import annotations
 
-import http.client
+import socket
+import time
 from urllib.parse import urlencode, urlsplit
 
 from signoff.hooks._base import SyncGateClient, parse_retry_after
@@ -24,9 +30,99 @@ from signoff.hooks._gate import (
 
 __all__ = ["PlainGateClient"]
 
+MAX_HEAD = 64 * 1024
+MAX_BODY = 16 * 1024 * 1024
+
+
+class BadResponse(Exception):
+    """The server's bytes are not an HTTP/1.1 response this client can read."""
+
+
+class _Reader:
+    """Reads one response from a socket, never past ``deadline`` (a monotonic time)."""
+
+    def __init__(self, sock: socket.socket, deadline: float, pending: bytes = b"") -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.buffer = pending
+
+    def _fill(self) -> bool:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("Signoff's answer did not arrive in time")
+        self.sock.settimeout(left)
+        chunk = self.sock.recv(65536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def until(self, marker: bytes, limit: int) -> bytes:
+        while (end := self.buffer.find(marker)) < 0:
+            if len(self.buffer) > limit:
+                raise BadResponse("response head too large")
+            if not self._fill():
+                raise BadResponse("connection closed mid-response")
+        line, self.buffer = self.buffer[:end], self.buffer[end + len(marker) :]
+        return line
+
+    def exactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self._fill():
+                raise BadResponse("connection closed mid-body")
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def to_close(self) -> bytes:
+        while self._fill():
+            if len(self.buffer) > MAX_BODY:
+                raise BadResponse("response body too large")
+        data, self.buffer = self.buffer, b""
+        return data
+
+
+def _head(reader: _Reader) -> tuple[int, bool, dict[str, str]]:
+    lines = reader.until(b"\r\n\r\n", MAX_HEAD).decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise BadResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise BadResponse(f"malformed header line: {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    return int(code), version == "HTTP/1.0", headers
+
+
+def _body(reader: _Reader, headers: dict[str, str]) -> bytes:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            size_line = reader.until(b"\r\n", 1024).split(b";", 1)[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                raise BadResponse(f"bad chunk size {size_line[:20]!r}") from None
+            if size == 0:
+                while reader.until(b"\r\n", MAX_HEAD):  # trailers, up to the empty line
+                    pass
+                return b"".join(parts)
+            total += size
+            if total > MAX_BODY:
+                raise BadResponse("response body too large")
+            parts.append(reader.exactly(size))
+            reader.exactly(2)
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or int(length) > MAX_BODY:
+            raise BadResponse(f"bad Content-Length {length[:20]!r}")
+        return reader.exactly(int(length))
+    return reader.to_close()
+
 
 class PlainGateClient(SyncGateClient):
-    """:class:`~signoff.hooks.client.GateClient`'s behaviour over ``http.client`` (``http://`` only)."""
+    """:class:`~signoff.hooks.client.GateClient`'s behaviour over a plain socket (``http://`` only)."""
 
     def __init__(
         self,
@@ -60,34 +156,43 @@ class PlainGateClient(SyncGateClient):
         except ValueError as exc:
             raise GateConfigError(f"bad port in {self.url!r}: {exc}") from None
         self._host = parts.hostname
+        self._host_header = parts.netloc.rpartition("@")[2]
         self._prefix = parts.path.rstrip("/")
-        self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
+        self._leftover = b""
 
-    def _connection(self, call: HttpCall) -> http.client.HTTPConnection:
-        conn = self._conn
-        if conn is None:
-            conn = http.client.HTTPConnection(
-                self._host, self._port, timeout=min(CONNECT_TIMEOUT, call.timeout)
-            )
-            conn.connect()
-            self._conn = conn
-        if conn.sock is not None:
-            conn.sock.settimeout(call.timeout)
-        return conn
+    def _request(self, call: HttpCall) -> bytes:
+        target = self._prefix + call.path
+        if call.params:
+            target += "?" + urlencode(dict(call.params))
+        lines = [f"{call.method} {target} HTTP/1.1", f"Host: {self._host_header}"]
+        lines += [f"{name}: {value}" for name, value in self.call_headers(call).items()]
+        body = call.body or b""
+        if call.body is not None or call.method == "POST":
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
     def _exchange(self, call: HttpCall) -> HttpReply | TransportFailure:
-        path = self._prefix + call.path
-        if call.params:
-            path += "?" + urlencode(dict(call.params))
+        deadline = time.monotonic() + call.timeout
         try:
-            conn = self._connection(call)
-            conn.request(call.method, path, body=call.body, headers=self.call_headers(call))
-            response = conn.getresponse()
-            body = response.read()
-            if response.will_close:
+            if self._sock is None:
+                self._sock = socket.create_connection(
+                    (self._host, self._port), timeout=min(CONNECT_TIMEOUT, call.timeout)
+                )
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = self._sock
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.sendall(self._request(call))
+            reader = _Reader(sock, deadline, self._leftover)
+            status, old, headers = _head(reader)
+            while 100 <= status < 200:  # an interim answer: the real one follows
+                status, old, headers = _head(reader)
+            body = _body(reader, headers)
+            self._leftover = reader.buffer
+            if old or "close" in headers.get("connection", "").lower():
                 self.close()
-            return HttpReply(response.status, body, parse_retry_after(response.getheader("retry-after")))
-        except (OSError, http.client.HTTPException) as exc:
+            return HttpReply(status, body, parse_retry_after(headers.get("retry-after")))
+        except (OSError, BadResponse) as exc:
             self.close()
             return transport_failure(exc)
         except BaseException:
@@ -96,6 +201,6 @@ class PlainGateClient(SyncGateClient):
 
     def close(self) -> None:
         """Close the connection."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        sock, self._sock, self._leftover = self._sock, None, b""
+        if sock is not None:
+            sock.close()

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
@@ -43,7 +44,6 @@ from signoff.hooks._base import (
     ENV_SUBMIT_DEADLINE,
     ENV_URL,
     ClientBase,
-    Flow,
     SyncGateClient,
     crashed,
     parse_retry_after,
@@ -83,6 +83,9 @@ __all__ = [
     "GateUnavailable",
     "make_idempotency_key",
 ]
+
+if TYPE_CHECKING:
+    from signoff.hooks._base import Flow
 
 log = logging.getLogger("signoff.client")
 
@@ -159,13 +162,29 @@ class GateClient(SyncGateClient):
             backoff_max=backoff_max,
             submit_deadline=submit_deadline,
         )
-        self._http = httpx.Client(transport=transport, follow_redirects=False)
+        self._transport = transport if transport is not None else httpx.HTTPTransport()
+        self._http = httpx.Client(transport=self._transport, follow_redirects=False)
 
     def _exchange(self, call: HttpCall) -> HttpReply | TransportFailure:
+        # httpx's timeouts bound each read, so a server trickling a byte at a time would hold
+        # the call forever: past the exchange's own timeout its connections are closed.
+        overdue = threading.Event()
+
+        def abort() -> None:
+            overdue.set()
+            self._transport.close()
+
+        watchdog = threading.Timer(call.timeout + 1.0, abort)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             return _to_reply(self._http.request(**_request_args(self, call)))
         except httpx.RequestError as exc:
+            if overdue.is_set():
+                return TransportFailure(f"no complete answer within {call.timeout:g}s", "timeout")
             return _failure(exc)
+        finally:
+            watchdog.cancel()
 
     def close(self) -> None:
         """Close the connection pool."""

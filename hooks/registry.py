@@ -14,6 +14,7 @@ from signoff.hooks._contract import (
     HookResult,
     PostToolUseHook,
     PreToolUseHook,
+    ServiceUnavailable,
     SessionStartHook,
 )
 
@@ -24,12 +25,27 @@ log = logging.getLogger("signoff.hooks")
 DEFAULT_HOOK_TIMEOUT = 5.0
 
 
+def _label(hook: object) -> str:
+    """How answers name a hook: its ``label`` when it has one (the built-in hooks: their
+    ``name``, or their type and tools), else its ``name``, else its class. Never empty."""
+    for attribute in ("label", "name"):
+        value = getattr(hook, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    return type(hook).__name__
+
+
 async def _guarded(name: str, call: Callable[[], Awaitable[HookResult]], timeout: float) -> HookResult:
-    """Run one hook; any failure (raising, even before awaiting; timing out) denies, naming the hook."""
+    """Run one hook; any failure (raising, even before awaiting; timing out) denies, naming the hook.
+
+    :class:`ServiceUnavailable` is let through: the call is to be retried, not denied.
+    """
     try:
         result = await asyncio.wait_for(call(), timeout)
     except TimeoutError:
         return HookResult.deny(f"hook {name!r} did not answer within {timeout:g}s", side_effects=("failed",))
+    except ServiceUnavailable:
+        raise
     except Exception as exc:
         log.exception("hook %s raised", name)
         return HookResult.deny(f"hook {name!r} failed: {type(exc).__name__}", side_effects=("failed",))
@@ -65,14 +81,15 @@ class HookRegistry:
         rewritten = False
         approved: HookResult | None = None  # a human's earlier approval, named in the answer
         for hook in self.pre_tool_use:
+            name = _label(hook)
             try:
                 applies = hook.matches(ctx)
             except Exception as exc:
-                return HookResult.deny(f"hook {hook.name!r} failed to match: {type(exc).__name__}")
+                return HookResult.deny(f"hook {name!r} failed to match: {type(exc).__name__}")
             if not applies:
                 continue
-            result = await _guarded(hook.name, partial(hook.before_tool_use, ctx), self.timeout)
-            effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
+            result = await _guarded(name, partial(hook.before_tool_use, ctx), self.timeout)
+            effects.extend(f"{name}: {e}" for e in result.side_effects)
             if result.modified_arguments is not None and result.decision is Decision.ALLOW:
                 ctx = ctx.with_arguments(result.modified_arguments)
                 rewritten = True
@@ -98,19 +115,18 @@ class HookRegistry:
         effects: list[str] = []
         rewritten = False
         for hook in self.post_tool_use:
+            name = _label(hook)
             try:
                 applies = hook.matches(ctx)
             except Exception:
-                log.exception("post hook %s failed to match", hook.name)
+                log.exception("post hook %s failed to match", name)
                 continue
             if not applies:
                 continue
-            result = await _guarded(hook.name, partial(hook.after_tool_use, ctx), self.timeout)
-            effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
+            result = await _guarded(name, partial(hook.after_tool_use, ctx), self.timeout)
+            effects.extend(f"{name}: {e}" for e in result.side_effects)
             if result.decision is Decision.DENY:
-                return HookResult.deny(
-                    result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects)
-                )
+                return HookResult.deny(result.reason or f"hook {name!r} denied", side_effects=tuple(effects))
             if result.modified_result is not None:
                 ctx = ctx.with_result(result.modified_result)
                 rewritten = True
@@ -121,12 +137,11 @@ class HookRegistry:
         parts: list[str] = []
         effects: list[str] = []
         for hook in self.session_start:
-            result = await _guarded(hook.name, partial(hook.on_session_start, ctx), self.timeout)
-            effects.extend(f"{hook.name}: {e}" for e in result.side_effects)
+            name = _label(hook)
+            result = await _guarded(name, partial(hook.on_session_start, ctx), self.timeout)
+            effects.extend(f"{name}: {e}" for e in result.side_effects)
             if result.decision is Decision.DENY:
-                return HookResult.deny(
-                    result.reason or f"hook {hook.name!r} denied", side_effects=tuple(effects)
-                )
+                return HookResult.deny(result.reason or f"hook {name!r} denied", side_effects=tuple(effects))
             if result.additional_context:
                 parts.append(result.additional_context)
         return HookResult(additional_context="\n\n".join(parts) or None, side_effects=tuple(effects))

@@ -25,7 +25,17 @@ from signoff.channels.fake import FakeChannel
 
 PG_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/signoff_test")
 ADMIN_TOKEN = "test-admin-token-0123456789"
-TABLES = ["vote", "delivery", "audit_event", "agent_key", "confirmation_request", "switch", "rate_bucket"]
+TABLES = [
+    "vote",
+    "delivery",
+    "audit_event",
+    "agent_key",
+    "confirmation_request",
+    "switch",
+    "rate_bucket",
+    "console_session_revocation",
+    "replica",
+]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "channels": {"chat": {"type": "fake"}},

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from signoff.app.builtin_hooks._names import glob_patterns, tool_key
 
 __all__ = ["ToolFilter"]
 
@@ -18,17 +19,20 @@ class ToolFilter(BaseModel):
 
     name: str = ""
     tools: tuple[str, ...] = Field(default=("*",), min_length=1)
-    """Tool name globs (``pay_*``, ``mcp__github__*``); ``*`` matches every tool."""
+    """Tool name globs (``pay_*``, ``mcp__github__*``); ``*`` matches every tool. A name
+    matches as written or by its key, whatever its case, spaces, invisible characters or
+    look-alike letters (see ``_names``)."""
     priority: int = 100
     """Lower runs earlier."""
 
     @cached_property
-    def _pattern(self) -> re.Pattern[str]:
-        """The globs as one regular expression (a plain attribute once computed)."""
-        return re.compile("|".join(f"(?:{fnmatch.translate(t)})" for t in self.tools))
+    def _patterns(self) -> tuple[re.Pattern[str], re.Pattern[str]]:
+        """The globs over names as written and over keys (a plain attribute once computed)."""
+        return glob_patterns(self.tools)
 
     def matches_tool(self, tool_name: str) -> bool:
-        return self._pattern.match(tool_name) is not None
+        exact, keyed = self._patterns
+        return exact.match(tool_name) is not None or keyed.fullmatch(tool_key(tool_name)) is not None
 
     @property
     def label(self) -> str:

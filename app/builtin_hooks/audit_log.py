@@ -26,11 +26,11 @@ class AuditLog(ToolFilter):
     async def after_tool_use(self, ctx: HookContext) -> HookResult:
         if ctx.services is None:
             return HookResult.deny(f"{self.label} has no audit log to write to")
-        text = (
-            ctx.result
-            if isinstance(ctx.result, str)
-            else json.dumps(ctx.result, ensure_ascii=False, default=str)
-        )
+        # Redacted before it is turned into text and cut: a secret under a key in the
+        # result is lost to key-based redaction once stringified, and half a token cut off
+        # no longer looks like one.
+        result = ctx.services.redact(ctx.result)
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
         await ctx.services.record(
             ctx,
             "tool_call",

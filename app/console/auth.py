@@ -6,7 +6,9 @@ visitor gets an anonymous session (a nonce only) on the sign-in page, so the
 sign-in form carries a CSRF token too; signing in replaces the nonce. Every
 form's token is an HMAC of the session's nonce, so it is useless with any other
 cookie. The fingerprint is a hash of the operator's password hash: changing a
-password (or removing the operator) ends their sessions.
+password (or removing the operator) ends their sessions. Signing out records the
+session as ended in the database (:class:`ConsoleSessionRevocation`), so its
+cookie is refused by every replica even if it was copied before.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -25,13 +28,19 @@ from itsdangerous import BadSignature, URLSafeSerializer, URLSafeTimedSerializer
 from limits import RateLimitItem, parse
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
+from sqlalchemy import delete
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
 from signoff.app.config import Operator, SignoffConfig
 from signoff.app.console.passwords import verify_password, waste_a_verification
+from signoff.app.db import dialect_of, insert_ignoring
 from signoff.app.deps import RuntimeDep
+from signoff.app.models import ConsoleSessionRevocation, utcnow
+from signoff.app.runtime import Runtime
 
 __all__ = [
     "COOKIE_PATH",
@@ -47,6 +56,7 @@ __all__ = [
     "SignedIn",
     "SignedInDep",
     "authenticate",
+    "end_session",
     "safe_next",
 ]
 
@@ -153,40 +163,46 @@ class CsrfRefused(Exception):
 
 
 SIGN_IN_FAILURES = parse("5/15minutes")
-"""Failed sign-ins allowed per client address, and per operator name, in a moving window."""
+"""Failed sign-ins allowed per client address and operator name, in a moving window."""
+ADDRESS_FAILURES = parse("20/15minutes")
+"""Failed sign-ins allowed per client address, whichever names it tries."""
 
 
 class SignInLimiter:
-    """Failed console sign-ins, counted per client address and per operator name.
+    """Failed console sign-ins, counted per (client address, operator name) and per address.
 
-    Past :data:`SIGN_IN_FAILURES`, sign-ins from that address or as that operator are
-    refused without checking the password until the oldest failure leaves the window.
-    Counted in memory by each process (each replica counts its own).
+    Past :data:`SIGN_IN_FAILURES` for one name, or :data:`ADDRESS_FAILURES` in all,
+    sign-ins from that address (as that name, or at all) are refused without checking
+    the password until the oldest failure leaves the window. Never per name alone: a
+    stranger's failures would lock the operator out everywhere. A success clears only
+    its own (address, name) count, so one good account cannot buy an address more
+    guesses at others. Counted in memory by each process (each replica counts its own).
     """
 
-    def __init__(self, limit: RateLimitItem = SIGN_IN_FAILURES) -> None:
-        self._limit = limit
+    def __init__(
+        self, per_name: RateLimitItem = SIGN_IN_FAILURES, per_address: RateLimitItem = ADDRESS_FAILURES
+    ) -> None:
+        self._per_name = per_name
+        self._per_address = per_address
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
 
-    @staticmethod
-    def _keys(address: str, name: str) -> list[tuple[str, str]]:
-        return [("address", address), *([("operator", name)] if name else [])]
+    def _limits(self, address: str, name: str) -> list[tuple[RateLimitItem, tuple[str, ...]]]:
+        return [(self._per_address, ("address", address)), (self._per_name, ("as", address, name))]
 
     def retry_after(self, address: str, name: str) -> int:
         """Seconds until a sign-in from ``address`` as ``name`` may be tried (0: now)."""
-        for key in self._keys(address, name):
-            if not self._limiter.test(self._limit, *key):
-                reset = self._limiter.get_window_stats(self._limit, *key).reset_time
+        for limit, key in self._limits(address, name):
+            if not self._limiter.test(limit, *key):
+                reset = self._limiter.get_window_stats(limit, *key).reset_time
                 return max(1, math.ceil(reset - time.time()))
         return 0
 
     def failed(self, address: str, name: str) -> None:
-        for key in self._keys(address, name):
-            self._limiter.hit(self._limit, *key)
+        for limit, key in self._limits(address, name):
+            self._limiter.hit(limit, *key)
 
     def succeeded(self, address: str, name: str) -> None:
-        for key in self._keys(address, name):
-            self._limiter.clear(self._limit, *key)
+        self._limiter.clear(self._per_name, "as", address, name)
 
 
 def limiter_of(request: Request) -> SignInLimiter:
@@ -220,13 +236,46 @@ def _signed_in(request: Request, config: SignoffConfig) -> SignedIn | None:
     )
 
 
-def current_operator(request: Request, config: SignoffConfig) -> SignedIn | None:
-    """The signed-in operator, if the request carries a live session."""
-    return _signed_in(request, config)
+def _digest(session: ConsoleSession) -> str:
+    return hashlib.sha256(session.nonce.encode()).hexdigest()
+
+
+async def _ended(runtime: Runtime, session: ConsoleSession) -> bool:
+    async with runtime.reads() as db:
+        found = await db.exec(
+            select(ConsoleSessionRevocation.session_digest).where(
+                col(ConsoleSessionRevocation.session_digest) == _digest(session)
+            )
+        )
+        return found.first() is not None
+
+
+async def end_session(db: AsyncSession, session: ConsoleSession, *, operator: str) -> None:
+    """Sign ``session`` out for good: from this transaction's commit on, every replica refuses
+    its cookie. Sessions past their expiry (refused anyway) are forgotten meanwhile."""
+    now = utcnow()
+    await db.exec(delete(ConsoleSessionRevocation).where(col(ConsoleSessionRevocation.expires_at) < now))
+    table = ConsoleSessionRevocation.__table__  # type: ignore[attr-defined]
+    row = {
+        "session_digest": _digest(session),
+        "operator": operator,
+        "revoked_at": now,
+        "expires_at": datetime.fromtimestamp(session.expires, UTC),
+    }
+    # Signing out twice (two tabs) records it once.
+    await db.exec(insert_ignoring(dialect_of(db), table, ("session_digest",)), params=[row])
+
+
+async def current_operator(request: Request, runtime: Runtime) -> SignedIn | None:
+    """The signed-in operator, if the request carries a live session (not signed out)."""
+    who = _signed_in(request, runtime.config)
+    if who is None or await _ended(runtime, who.session):
+        return None
+    return who
 
 
 async def signed_in(request: Request, runtime: RuntimeDep) -> SignedIn:
-    who = _signed_in(request, runtime.config)
+    who = await current_operator(request, runtime)
     if who is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise SignInRequired(target if request.method == "GET" else HOME)

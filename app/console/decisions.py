@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.datastructures import FormData
 
+from signoff.app.bodies import without_unstorable
 from signoff.app.config import SignoffConfig
 from signoff.app.console.auth import Flash, SignedIn
 from signoff.app.console.pages import plausible_id
@@ -30,8 +31,8 @@ async def decide_from_form(
     if not plausible_id(request_id):
         return None
     reason = form.get("reason")
-    # PostgreSQL text cannot hold NUL; nobody means to type one.
-    text = reason.replace("\x00", "").strip() if isinstance(reason, str) else ""
+    # No column can hold NUL or a lone surrogate; nobody means to type one.
+    text = without_unstorable(reason).strip() if isinstance(reason, str) else ""
     if len(text) > MAX_REASON:
         return Flash(False, f"The reason is too long (at most {MAX_REASON} characters).")
     result = await decide(

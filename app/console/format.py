@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.app.confirmations import REDACTED
+from signoff.app.redaction import REDACTED
 
 __all__ = ["compact_json", "duration", "iso", "pretty_json", "summarize", "time_left", "when"]
 

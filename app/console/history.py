@@ -4,23 +4,33 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries
+from signoff.app.bodies import storable
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import compact_json, iso
-from signoff.app.console.pages import RequestRow, request_rows
-from signoff.app.models import Status, utcnow
+from signoff.app.console.pages import RequestRow, request_rows, row_of
+from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.app.queries import RequestFilter
-from signoff.app.schemas import RequestOut
 
-__all__ = ["CSV_COLUMNS", "HistoryQuery", "csv_lines", "jsonl_lines", "parse_history"]
+__all__ = [
+    "CSV_COLUMNS",
+    "HistoryQuery",
+    "csv_cell",
+    "csv_lines",
+    "csv_writer",
+    "jsonl_lines",
+    "parse_history",
+]
 
 PAGE = 50
 FIELDS = ("status", "agent", "tool", "decider", "from", "to")
@@ -73,8 +83,8 @@ def parse_history(params: Mapping[str, str]) -> HistoryQuery:
     values = {k: params.get(k, "").strip()[:500] for k in FIELDS}
     errors: list[str] = []
     for k, v in values.items():
-        if "\x00" in v:  # PostgreSQL text cannot hold it, so it can match nothing
-            errors.append(f"{k.title()}: a NUL character is not allowed.")
+        if not storable(v):  # no stored text holds it, so it can match nothing
+            errors.append(f"{k.title()}: NUL characters and lone surrogates are not allowed.")
             values[k] = ""
     status: Status | None = None
     if values["status"]:
@@ -92,7 +102,7 @@ def parse_history(params: Mapping[str, str]) -> HistoryQuery:
                 errors.append(f"{name.title()!s}: {values[name]!r} is not a date (use YYYY-MM-DD HH:MM).")
                 values[name] = ""
     before: datetime | None = None
-    if (raw_before := params.get("before", "").strip()) and "\x00" not in raw_before:
+    if (raw_before := params.get("before", "").strip()) and storable(raw_before):
         try:
             before = _moment(raw_before, end=False)
         except (ValueError, OverflowError):
@@ -127,10 +137,59 @@ async def history_view(session: AsyncSession, config: SignoffConfig, q: HistoryQ
     return HistoryView(rows, older)
 
 
-def _cell(value: object) -> str:
+# What can make a spreadsheet read a cell as a formula (OWASP's list, with the full-width
+# forms some locales accept), and what can end a cell in some locale (the list separator
+# is "," or ";", and tab- or pipe-separated imports exist).
+_FORMULA_START = "=+-@\t\r\n\uff1d\uff0b\uff0d\uff20"
+_CELL_ENDS = ",;\t|\r\n\uff0c\uff1b"
+_COULD_START_FORMULA = re.compile(f"(?:^|[{re.escape(_CELL_ENDS)}])[\\s\"']*[{re.escape(_FORMULA_START)}]")
+
+
+def csv_cell(value: object) -> str:
+    """A value as a CSV cell that no spreadsheet, in any locale, runs as a formula.
+
+    A cell that starts like a formula, or would once split at a separator of some locale
+    (``a;=2+2`` where ``;`` separates), gets a leading ``'``; and every cell is quoted
+    (:func:`csv_writer`), so it is never split. Arguments come from agents.
+    """
     text = "" if value is None else str(value)
-    # A cell starting like a formula would run as one in a spreadsheet (arguments come from agents).
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    return "'" + text if _COULD_START_FORMULA.search(text) else text
+
+
+def csv_writer(buffer: io.StringIO) -> Any:
+    """The export's CSV writer: every cell quoted."""
+    return csv.writer(buffer, quoting=csv.QUOTE_ALL)
+
+
+def _csv_row(row: RequestRow, req: ConfirmationRequest) -> list[str]:
+    return [
+        csv_cell(v)
+        for v in (
+            row.id,
+            iso(row.created_at),
+            row.agent,
+            row.tool,
+            row.status,
+            row.requester,
+            row.approvals,
+            row.quorum,
+            row.gate,
+            row.channel,
+            iso(row.expires_at),
+            iso(row.decided_at),
+            row.decided_by,
+            row.reason,
+            compact_json(req.arguments),
+        )
+    ]
+
+
+async def _csv_rows(
+    session: AsyncSession, config: SignoffConfig, batch: list[ConfirmationRequest]
+) -> list[list[str]]:
+    """The batch's CSV rows, leaving out a request stored in a form that cannot be shown."""
+    approvals, now = await queries.approvals_for(session, (r.id for r in batch)), utcnow()
+    return queries.readable(batch, lambda r: _csv_row(row_of(r, approvals.get(r.id, 0), config, now), r))
 
 
 async def csv_lines(
@@ -138,36 +197,14 @@ async def csv_lines(
 ) -> AsyncIterator[str]:
     """Every matching request as CSV, newest first, read in batches as the client takes it."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = csv_writer(buffer)
     writer.writerow(CSV_COLUMNS)
     yield buffer.getvalue()
     async with sessions() as session:
         async for batch in queries.iter_requests(session, which):
             buffer.seek(0)
             buffer.truncate()
-            for row, req in zip(await request_rows(session, config, batch, utcnow()), batch, strict=True):
-                writer.writerow(
-                    [
-                        _cell(v)
-                        for v in (
-                            row.id,
-                            iso(row.created_at),
-                            row.agent,
-                            row.tool,
-                            row.status,
-                            row.requester,
-                            row.approvals,
-                            row.quorum,
-                            row.gate,
-                            row.channel,
-                            iso(row.expires_at),
-                            iso(row.decided_at),
-                            row.decided_by,
-                            row.reason,
-                            compact_json(req.arguments),
-                        )
-                    ]
-                )
+            writer.writerows(await _csv_rows(session, config, batch))
             yield buffer.getvalue()
 
 
@@ -175,5 +212,4 @@ async def jsonl_lines(sessions: async_sessionmaker[AsyncSession], which: Request
     """Every matching request as one JSON object per line (the operator API's shape), newest first."""
     async with sessions() as session:
         async for batch in queries.iter_requests(session, which):
-            votes = await queries.votes_by_request(session, (r.id for r in batch))
-            yield "".join(RequestOut.of(r, votes[r.id]).model_dump_json() + "\n" for r in batch)
+            yield "".join(out.model_dump_json() + "\n" for out in await queries.request_outs(session, batch))

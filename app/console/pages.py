@@ -12,6 +12,7 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries
+from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.confirmations import get_request, votes_for
@@ -112,7 +113,7 @@ async def request_rows(
     session: AsyncSession, config: SignoffConfig, reqs: Sequence[ConfirmationRequest], now: datetime
 ) -> list[RequestRow]:
     approvals = await queries.approvals_for(session, (r.id for r in reqs))
-    return [row_of(r, approvals.get(r.id, 0), config, now) for r in reqs]
+    return queries.readable(reqs, lambda r: row_of(r, approvals.get(r.id, 0), config, now))
 
 
 def _version(*parts: object) -> str:
@@ -152,6 +153,9 @@ class GateView:
     require_reject_reason: bool
     tools: tuple[str, ...] | None
     when: str | None
+    config_version: str | None = None
+    """The configuration the request was gated under."""
+    current_version: str = ""
 
 
 def _gate_rule(config: SignoffConfig, agent: str, name: str) -> ConfirmationGate | None:
@@ -177,6 +181,8 @@ def gate_of(req: ConfirmationRequest, config: SignoffConfig) -> GateView:
         require_reject_reason=bool(snap.get("require_reject_reason", False)),
         tools=rule.tools if rule else None,
         when=rule.when if rule else None,
+        config_version=snap.get("config_version"),
+        current_version=config.version,
     )
 
 
@@ -252,7 +258,7 @@ class AuditView:
 async def audit_view(
     session: AsyncSession, *, before: int | None, action: str | None, request_id: str | None
 ) -> AuditView:
-    if "\x00" in (action or "") + (request_id or ""):
+    if not storable((action or "") + (request_id or "")):
         return AuditView([], None)
     events = await queries.audit_page(
         session, before=before, action=action, request_id=request_id, limit=AUDIT_PAGE + 1

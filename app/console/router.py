@@ -13,6 +13,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from sqlmodel import col, select
 
 from signoff.app.audit import Actor
+from signoff.app.bodies import without_unstorable
 from signoff.app.console import auth, pages
 from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
 from signoff.app.console.decisions import decide_from_form
@@ -21,6 +22,7 @@ from signoff.app.console.render import page, secured
 from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep
 from signoff.app.hook_services import set_switch
 from signoff.app.models import Status, Switch, utcnow
+from signoff.app.replicas import live_replicas
 
 __all__ = ["router"]
 
@@ -97,7 +99,7 @@ async def sign_in_page(
     next_: Annotated[str, Query(alias="next", max_length=2000)] = auth.HOME,
     ended: bool = False,
 ) -> Response:
-    if auth.current_operator(request, runtime.config) is not None:
+    if await auth.current_operator(request, runtime) is not None:
         return _see_other(auth.safe_next(next_))
     keys = auth.keys_of(request)
     session = auth.session_of(request) or ConsoleSession.start(keys.max_age)
@@ -159,7 +161,10 @@ def _duration(seconds: int) -> str:
 
 
 @router.post("/logout")
-async def sign_out(form: CheckedFormDep) -> Response:
+async def sign_out(form: CheckedFormDep, who: SignedInDep, session: SessionDep) -> Response:
+    # Clearing the cookie is not enough: a copy of it would stay valid until it expires.
+    await auth.end_session(session, who.session, operator=who.operator)
+    log.info("console: %s signed out", who.operator)
     response = _see_other("/ui/login")
     auth.clear_session(response)
     return response
@@ -338,6 +343,7 @@ async def verify_audit(request: Request, who: SignedInDep, session: ReadsDep) ->
 async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep) -> Response:
     switches = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
     read_only = next((s for s in switches if s.name == READ_ONLY), None)
+    replicas = await live_replicas(session, utcnow())
     return page(
         request,
         "config.html",
@@ -345,6 +351,10 @@ async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, s
             "who": who,
             "nav": "config",
             "view": pages.config_view(runtime.config),
+            "version": runtime.version,
+            "loaded_at": runtime.loaded_at,
+            "replicas": replicas,
+            "replicas_differ": len({r.config_version for r in replicas} | {runtime.version}) > 1,
             "read_only": read_only,
             "switches": switches,
         },
@@ -357,7 +367,7 @@ async def flip_read_only(
 ) -> Response:
     """Turn the read-only switch on or off as the signed-in operator (audited)."""
     on = form.get("on") == "1"
-    reason = str(form.get("reason") or "").replace("\x00", "").strip()[:2000] or None
+    reason = without_unstorable(str(form.get("reason") or "")).strip()[:2000] or None
     await set_switch(session, READ_ONLY, on=on, actor=Actor("web", who.operator, who.name), reason=reason)
     response = _see_other("/ui/config")
     auth.set_flash(response, request, Flash(True, f"Read-only mode is {'on' if on else 'off'}."))

@@ -12,19 +12,21 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries
 from signoff.app.audit import Actor
-from signoff.app.confirmations import votes_for
+from signoff.app.bodies import StrictJSONRoute
 from signoff.app.db import transaction
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.hook_services import set_switch
-from signoff.app.models import Status, Switch
+from signoff.app.models import Status, Switch, utcnow
 from signoff.app.operators import decide
 from signoff.app.queries import RequestFilter
+from signoff.app.replicas import live_replicas
 from signoff.app.schemas import (
     AdminRequestOut,
     AuditEventOut,
     AuditVerifyOut,
     DecisionIn,
     Problem,
+    ReloadOut,
     RequestOut,
     SwitchIn,
     SwitchOut,
@@ -32,7 +34,9 @@ from signoff.app.schemas import (
 )
 from signoff.channels import Verdict
 
-router = APIRouter(prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep])
+router = APIRouter(
+    prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep], route_class=StrictJSONRoute
+)
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem},
     403: {"model": Problem},
@@ -52,7 +56,7 @@ async def list_requests(
     """Requests, newest first, filtered by status, agent, tool; page with ``before``."""
     which = RequestFilter(status=status_, agent=agent, tool=tool, before=before)
     rows = await queries.list_requests(session, which, limit=limit)
-    return [RequestOut.of(r, await votes_for(session, r.id)) for r in rows]
+    return await queries.request_outs(session, rows)
 
 
 async def _admin_view(session: AsyncSession, request_id: str) -> AdminRequestOut:
@@ -116,9 +120,27 @@ async def verify_audit(session: ReadsDep) -> AuditVerifyOut:
 
 
 @router.get("/config", responses=ERRORS)
-async def read_config(runtime: RuntimeDep) -> dict[str, Any]:
-    """The configuration as loaded, secrets masked."""
-    return queries.config_view(runtime.config)
+async def read_config(runtime: RuntimeDep, session: ReadsDep) -> dict[str, Any]:
+    """The configuration as loaded, secrets masked, with its version, when it was loaded, and the
+    version each live replica runs (``replicas_agree`` is false while they differ)."""
+    live = await live_replicas(session, utcnow())
+    return {
+        "version": runtime.version,
+        "loaded_at": runtime.loaded_at.isoformat(),
+        "replicas": [
+            {"id": r.id, "version": r.config_version, "loaded_at": r.loaded_at.isoformat()} for r in live
+        ],
+        "replicas_agree": len({r.config_version for r in live} | {runtime.version}) == 1,
+        **queries.config_view(runtime.config),
+    }
+
+
+@router.post("/config/reload", response_model=ReloadOut, responses={**ERRORS, 422: {"model": ReloadOut}})
+async def reload_config(runtime: RuntimeDep) -> JSONResponse:
+    """Reload ``SIGNOFF_CONFIG``: a file with problems changes nothing and answers 422 naming each."""
+    done = await runtime.reload()
+    body = ReloadOut.of(done)
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if done.ok else 422)
 
 
 @router.get("/switches", response_model=list[SwitchOut], responses=ERRORS)

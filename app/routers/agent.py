@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import json
+from dataclasses import replace
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -15,6 +16,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from signoff.app.audit import Actor
+from signoff.app.bodies import Refused, StrictJSONRoute, parse_json, storable
 from signoff.app.confirmations import TERMINAL, get_request, transition, votes_for
 from signoff.app.db import transaction
 from signoff.app.deps import AgentDep, RuntimeDep, SessionDep
@@ -36,7 +38,7 @@ from signoff.app.schemas import (
 )
 from signoff.hooks import Decision, HookContext
 
-router = APIRouter(prefix="/v1", tags=["agent"])
+router = APIRouter(prefix="/v1", tags=["agent"], route_class=StrictJSONRoute)
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -72,19 +74,9 @@ def _within_limits(raw: bytes, max_depth: int, max_bytes: int) -> bool:
     return 6 * len(raw) <= max_bytes and raw.count(b"{") + raw.count(b"[") <= max_depth
 
 
-def _check_text(body: PreToolUseIn | PostToolUseIn | SessionStartIn) -> None:
-    """Refuse NUL characters in the fields stored as text (PostgreSQL cannot hold them)."""
-    for name in _TEXT_FIELDS:
-        value = getattr(body, name, None)
-        if isinstance(value, str) and "\x00" in value:
-            raise HTTPException(422, f"{name} must not contain NUL characters")
-
-
-_TEXT_FIELDS = ("tool_name", "session_id", "tool_call_id", "user_id", "idempotency_key", "error")
-
-
 def _check_limits(runtime: Runtime, body: PreToolUseIn | PostToolUseIn, raw: bytes | None = None) -> None:
-    _check_text(body)
+    # Text that cannot be stored and repeated keys were refused as the body was read
+    # (signoff.app.bodies, on the fast path and the route alike).
     s = runtime.settings
     if raw is not None and _within_limits(raw, s.max_argument_depth, s.max_argument_bytes):
         return
@@ -174,8 +166,9 @@ class PreToolUseFastPath:
                 break
         raw = b"".join(chunks)
         try:
-            body = PreToolUseIn.model_validate_json(raw)
-        except ValidationError:
+            body = PreToolUseIn.model_validate(parse_json(raw))
+        except (Refused, ValidationError):
+            # The route reads the body by the same rule and gives the standard 422.
             await self.app(scope, _replay(raw, receive), send)
             return
         try:
@@ -228,6 +221,10 @@ async def _pre_tool_use(
         services=services,
     )
     result = await registry.run_pre_tool_use(ctx)
+    if (late := await services.settle()) is not None:
+        # The gate timed out while its request was being written, and the write went through:
+        # the request is the answer (see ServerHookServices.request_approval).
+        result = replace(late, modified_arguments=result.modified_arguments)
     made = services.approvals.request
     gate_name = str(made.gate.get("name", "")) if made is not None else ""
     _gate_calls("pre_tool_use", agent, gate_name, result.decision.value).inc()
@@ -291,7 +288,6 @@ async def run_session_start(
     body: SessionStartIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
 ) -> SessionStartOut:
     """Run the agent's SessionStart hooks: the context they add."""
-    _check_text(body)
     registry = runtime.registries.get(agent)
     if registry is None:
         return SessionStartOut(decision="deny", reason=_not_configured(agent))
@@ -318,7 +314,7 @@ def _no_such_request(agent: str, request_id: str) -> HTTPException:
 def _plausible_id(request_id: str) -> bool:
     """Whether a request could have this id; others (too long, a NUL, which PostgreSQL
     refuses in text) are answered 404 without asking the database."""
-    return 0 < len(request_id) <= 32 and "\x00" not in request_id
+    return 0 < len(request_id) <= 32 and storable(request_id)
 
 
 async def _own(runtime: Runtime, agent: str, request_id: str) -> RequestOut:

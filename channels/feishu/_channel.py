@@ -205,6 +205,7 @@ class FeishuChannel:
             encrypt_key=_secret(self.config.encrypt_key),
             verification_token=_secret(self.config.verification_token),
             now=self._clock(),
+            allow_unsigned=self.config.allow_unsigned,
         )
         if verified.kind is CallbackKind.URL_VERIFICATION:
             challenge = verified.payload.get("challenge")

@@ -26,9 +26,11 @@ class FeishuConfig(BaseModel):
     """``type: feishu`` under ``channels:`` in the YAML configuration.
 
     ``verification_token`` and ``encrypt_key`` come from the app's
-    "Events & Callbacks → Encryption Strategy" page. A webhook channel needs at
-    least one of them, otherwise nothing would authenticate callbacks; with an
-    encrypt key every callback must arrive encrypted and signed.
+    "Events & Callbacks → Encryption Strategy" page. With an encrypt key every
+    callback must arrive encrypted and signed. Without one, Feishu signs nothing:
+    callbacks carry only the verification token, so whoever learns it can forge
+    clicks as anyone and replay them forever. A webhook channel without an
+    encrypt key must therefore say so with ``allow_unsigned: true``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -46,6 +48,9 @@ class FeishuConfig(BaseModel):
     """Another API origin (a proxy, or a local fake in tests); overrides ``domain``."""
     mode: Literal["webhook", "websocket"] = "webhook"
     """``websocket`` receives clicks over the SDK's long connection: no public URL needed."""
+    allow_unsigned: bool = False
+    """Accept callbacks authenticated by the verification token alone (no encrypt key): no
+    signature, no time window, any ``open_id``. Off: such callbacks are refused."""
 
     @field_validator("app_secret", "verification_token", "encrypt_key")
     @classmethod
@@ -82,7 +87,27 @@ class FeishuConfig(BaseModel):
     def _webhook_is_authenticated(self) -> FeishuConfig:
         if self.mode == "webhook" and self.verification_token is None and self.encrypt_key is None:
             raise ValueError("a webhook channel needs verification_token or encrypt_key (preferably both)")
+        if self.allow_unsigned and self.encrypt_key is not None:
+            raise ValueError(
+                "allow_unsigned does nothing with an encrypt_key (every callback must then be "
+                "encrypted and signed); remove it"
+            )
+        if self.mode == "webhook" and self.encrypt_key is None and not self.allow_unsigned:
+            raise ValueError(
+                "without encrypt_key, Feishu callbacks are unsigned: anyone with the verification "
+                "token could forge or replay clicks as anyone. Set encrypt_key (recommended), or "
+                "allow_unsigned: true to accept that"
+            )
         return self
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but weaken security, as ``field: message`` lines."""
+        if not self.allow_unsigned:
+            return []
+        return [
+            "allow_unsigned: callbacks are authenticated by the verification token alone: unsigned, "
+            "with no time window, replayable, from any open_id; set encrypt_key instead"
+        ]
 
     @property
     def api_origin(self) -> str:

@@ -185,14 +185,18 @@ def verify_callback(
     verification_token: str | None,
     now: float,
     max_skew: float = MAX_CLOCK_SKEW,
+    allow_unsigned: bool = False,
 ) -> VerifiedCallback:
     """Check, decrypt and classify one webhook callback.
 
-    1. A signature, when present, is checked over the raw bytes together with its
+    1. Without an encrypt key nothing is signed with a secret of its own (the
+       legacy SHA-1 signature is keyed with the verification token, which every
+       callback carries), so such callbacks are refused unless ``allow_unsigned``.
+    2. A signature, when present, is checked over the raw bytes together with its
        timestamp window, before anything is decrypted.
-    2. With an encrypt key, the body must be an encrypted envelope (plaintext is
-       a downgrade and refused); it is then decrypted.
-    3. Each kind must carry the authentication it is entitled to: card actions
+    3. With an encrypt key, the body must be an encrypted envelope (plaintext is
+       a downgrade and refused, legacy callbacks included); it is then decrypted.
+    4. Each kind must carry the authentication it is entitled to: card actions
        and other events the SHA-256 signature when an encrypt key is set, and the
        verification token (``header.token``) when one is configured; legacy card
        callbacks the SHA-1 signature; ``url_verification`` the token (Feishu does
@@ -203,6 +207,8 @@ def verify_callback(
     """
     if not encrypt_key and not verification_token:
         raise _reject("no callback credentials configured")
+    if not encrypt_key and not allow_unsigned:
+        raise _reject("unsigned callback: no encrypt key, allow_unsigned off")
     if len(body) > MAX_BODY_BYTES:
         raise _reject("body too large", 413)
 
@@ -224,7 +230,9 @@ def verify_callback(
             raise _reject("undecryptable body")
         # Same status and reason as a padding failure: garbage that decrypts must look no different.
         payload = _json_object(decrypt(encrypted, encrypt_key), reason="undecryptable body", status_code=401)
-    elif encrypt_key and scheme is not _Scheme.SHA1:
+    elif encrypt_key:
+        # A legacy callback too: its SHA-1 signature is keyed with the verification token
+        # alone, which must not be enough once an encrypt key is set.
         raise _reject("plaintext body while an encrypt key is configured")
     else:
         payload = outer

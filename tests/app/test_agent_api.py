@@ -3,17 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import os
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy.engine import make_url
 
 from signoff.app.audit import Actor
-from signoff.app.db import transaction
-from signoff.app.keys import revoke_keys
+from signoff.app.config import parse_config
+from signoff.app.db import migrate, transaction
+from signoff.app.keys import KEYS, create_key, revoke_keys
 from signoff.app.operators import decide
 from signoff.app.runtime import Runtime
+from signoff.app.settings import Settings
 from signoff.channels import Verdict
+from signoff.channels.fake import FakeChannel
+from signoff.hooks.client import AsyncGateClient
+from tests.conftest import (
+    ADMIN_TOKEN,
+    DEFAULT_CONFIG,
+    PG_URL,
+    Server,
+    _drop_pg_database,
+    _ensure_pg_database,
+)
 
 
 def auth(key: str) -> dict[str, str]:
@@ -233,3 +250,117 @@ async def test_a_reused_key_cannot_carry_a_different_call(
         r = (await gate(http, agent_key, **changed)).json()
         assert r["decision"] == "deny", changed
         assert "different call" in r["reason"]
+
+
+class Breakable:
+    """A database of the test's own that can be made unreachable and brought back."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        if kind == "postgres":
+            u = make_url(PG_URL)
+            self.name = f"{u.database}_cut_{os.getpid()}"
+            self.url = u.set(database=self.name).render_as_string(hide_password=False)
+            _ensure_pg_database(self.url)
+        else:
+            self.path = tmp_path / "cut.db"
+            self.url = f"sqlite:///{self.path}"
+        migrate(self.url)
+
+    async def _admin(self, sql: str) -> None:
+        import asyncpg
+
+        u = make_url(PG_URL)
+        conn = await asyncpg.connect(user=u.username or "postgres", host=u.host, port=u.port or 5432)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    async def cut(self, runtime: Runtime) -> None:
+        if self.kind == "postgres":
+            # Renamed, with every connection to it ended: each new one is refused.
+            await self._admin(
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{self.name}'"
+            )
+            await self._admin(f'ALTER DATABASE "{self.name}" RENAME TO "{self.name}_away"')
+        else:
+            await runtime.engine.dispose()
+            await runtime.reads.kw["bind"].dispose()
+            for suffix in ("", "-wal", "-shm"):
+                moved = Path(f"{self.path}{suffix}")
+                if moved.exists():
+                    moved.rename(f"{moved}.away")
+            self.path.mkdir()  # a directory where the file was: it cannot be opened
+
+    async def restore(self) -> None:
+        if self.kind == "postgres":
+            await self._admin(f'ALTER DATABASE "{self.name}_away" RENAME TO "{self.name}"')
+        else:
+            self.path.rmdir()
+            for suffix in ("", "-wal", "-shm"):
+                moved = Path(f"{self.path}{suffix}.away")
+                if moved.exists():
+                    moved.rename(f"{self.path}{suffix}")
+
+    def drop(self) -> None:
+        if self.kind == "postgres":
+            _drop_pg_database(self.url)
+            _drop_pg_database(make_url(self.url).set(database=f"{self.name}_away").render_as_string())
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Breakable]:
+    db = Breakable(request.param, tmp_path)
+    yield db
+    db.drop()
+
+
+async def test_an_unreachable_database_is_a_503_to_retry_on_every_agent_endpoint(
+    breakable: Breakable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Keys stay trusted from the cache meanwhile, so the calls reach the hooks.
+    monkeypatch.setattr(KEYS, "seconds", 600.0)
+    raw = copy.deepcopy(DEFAULT_CONFIG)
+    raw["agents"]["finance-bot"]["hooks"].append({"type": "audit_log", "tools": ["pay_*"]})
+    settings = Settings(database_url=breakable.url, admin_token=ADMIN_TOKEN)  # type: ignore[arg-type]
+    runtime = Runtime.create(settings, parse_config(raw), channels={"chat": FakeChannel("chat")})
+    try:
+        async with transaction(runtime.sessions) as s:
+            _, key = await create_key(s, "finance-bot", actor=Actor("test"))
+        async with Server(runtime) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            rid = (await gate(http, key, tool_name="pay_x", arguments={"amount": 90000})).json()["request_id"]
+            await breakable.cut(runtime)
+
+            payment = {"tool_name": "pay_x", "arguments": {"amount": 90000}}
+            calls = [
+                ("POST", "/v1/hooks/pre-tool-use", payment),
+                ("POST", "/v1/hooks/post-tool-use", {**payment, "result": "paid"}),
+                ("GET", f"/v1/requests/{rid}", None),
+                ("GET", f"/v1/requests/{rid}/wait?timeout=1", None),
+                ("POST", f"/v1/requests/{rid}/cancel", None),
+            ]
+            for method, path, body in calls:
+                r = await http.request(method, path, json=body, headers=auth(key))
+                assert r.status_code == 503, (path, r.status_code, r.text)
+                assert r.headers["Retry-After"] == "1", path
+                assert "unavailable" in r.json()["detail"], path
+            # Unknown keys cannot be checked either: retry, not 401.
+            stranger = await http.post("/v1/hooks/pre-tool-use", json=payment, headers=auth("sk_signoff_a_b"))
+            assert stranger.status_code == 503
+
+            # The client keeps trying within its deadline, and gets through once the database is back.
+            async with AsyncGateClient(
+                server.url, key, deadline=30, backoff_initial=0.1, backoff_max=0.5
+            ) as client:
+                asked = asyncio.create_task(client.pre_tool_use("pay_y", {"amount": 70000}, wait=False))
+                await asyncio.sleep(1.0)
+                assert not asked.done(), "the client gave up while the database was down"
+                await breakable.restore()
+                decision = await asyncio.wait_for(asked, 20)
+            assert decision.pending, decision
+            state = await http.get(f"/v1/requests/{decision.request_id}", headers=auth(key))
+            assert state.json()["status"] == "pending"
+            assert (await http.get(f"/v1/requests/{rid}", headers=auth(key))).json()["status"] == "pending"
+    finally:
+        await runtime.aclose()

@@ -311,6 +311,7 @@ def feishu_doc(approvers: list[str]) -> dict[str, Any]:
                 "app_id": "cli_x",
                 "app_secret": "${SIGNOFF_TEST_FEISHU_SECRET}",
                 "verification_token": "vt",
+                "encrypt_key": "ek",
                 "chat_id": "oc_x",
             }
         },
@@ -445,12 +446,11 @@ def test_config_check_ok(tmp_path: Path) -> None:
     path = write(tmp_path, DEFAULT_CONFIG)
     result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip().splitlines() == [
-        f"{path}: ok (2 channels, 3 people, 2 agents, 3 gates)",
-        f"{path}: agents.finance-bot.hooks[2].approvers: warning: none listed, so anyone in the "
+    assert result.stdout.strip().splitlines() == [f"{path}: ok (2 channels, 3 people, 2 agents, 3 gates)"]
+    assert result.stderr.strip().splitlines() == [
+        f"warning: {path}: agents.finance-bot.hooks[2].approvers: none listed, so anyone in the "
         "channel 'chat' may approve; list the people who may",
     ]
-    assert result.stderr == ""
 
 
 def test_config_check_warns_of_gates_anyone_may_approve(tmp_path: Path) -> None:
@@ -464,12 +464,11 @@ def test_config_check_warns_of_gates_anyone_may_approve(tmp_path: Path) -> None:
         [str(SIGNOFF), "config", "check", str(path)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
-    warnings = [line for line in done.stdout.splitlines() if "warning" in line]
-    assert warnings == [
-        f"{path}: agents.finance-bot.hooks[2].approvers: warning: none listed, so anyone in the "
+    assert done.stdout.startswith(f"{path}: ok")
+    assert done.stderr.splitlines() == [
+        f"warning: {path}: agents.finance-bot.hooks[2].approvers: none listed, so anyone in the "
         "channel 'chat' may approve; list the people who may",
-        f"{path}: agents.other-bot.hooks[0].approvers: warning: none listed, so any operator may "
+        f"warning: {path}: agents.other-bot.hooks[0].approvers: none listed, so any operator may "
         "approve; list the people who may",
     ]
 
@@ -486,6 +485,25 @@ def test_config_check_lists_every_problem_on_stderr(tmp_path: Path) -> None:
     assert f"{path}: {AGENT}.quorum: Input should be greater than or equal to 1" in lines
     assert any(line.startswith(f"{path}: agents.finance-bot.hooks[1].timeout: 'soon'") for line in lines)
     assert f"{path}: bogus: Extra inputs are not permitted" in lines
+
+
+@pytest.mark.usefixtures("feishu_secret")
+def test_config_check_refuses_token_only_feishu_unless_asked_for_and_then_warns(tmp_path: Path) -> None:
+    body = feishu_doc(["alice"])
+    del body["channels"]["finance"]["encrypt_key"]
+    refused = CliRunner().invoke(cli_app, ["config", "check", str(write(tmp_path, body, "token.yaml"))])
+    assert refused.exit_code == 1
+    assert "channels.finance: " in refused.stderr
+    assert "allow_unsigned: true" in refused.stderr
+
+    body["channels"]["finance"]["allow_unsigned"] = True
+    path = write(tmp_path, body, "unsigned.yaml")
+    warned = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert warned.exit_code == 0, warned.output
+    assert warned.stdout.startswith(f"{path}: ok")
+    [line] = warned.stderr.strip().splitlines()
+    assert line.startswith(f"warning: {path}: channels.finance.allow_unsigned: ")
+    assert "verification token alone" in line
 
 
 def test_config_check_real_command(tmp_path: Path) -> None:

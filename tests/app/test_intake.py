@@ -18,11 +18,13 @@ from signoff.app.audit import Actor, verify_chain
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import parse_config
 from signoff.app.db import transaction
+from signoff.app.hook_services import ServerHookServices
 from signoff.app.intake import Approvals, NewRequest
 from signoff.app.keys import create_key
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
+from signoff.channels.fake import FakeChannel
 from signoff.hooks import Decision, HookContext, HookResult
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 
@@ -192,5 +194,90 @@ async def test_a_web_channel_under_another_name_is_owed_no_card(settings: Settin
             )
             assert decided.json()["status"] == "approved"
         assert await _count(runtime, Delivery, col(Delivery.request_id) == rid) == 0
+    finally:
+        await runtime.aclose()
+
+
+def _slow_bot(settings: Settings, hooks: list[dict[str, Any]]) -> Runtime:
+    """A runtime whose agent ``slow-bot`` has ``hooks`` (unnamed: they go by their labels)."""
+    raw = copy.deepcopy(DEFAULT_CONFIG)
+    raw["agents"]["slow-bot"] = {"hooks": hooks}
+    runtime = Runtime.create(settings, parse_config(raw), channels={"chat": FakeChannel("chat")})
+    runtime.registries["slow-bot"].timeout = 0.1
+    return runtime
+
+
+async def _slow_bot_key(runtime: Runtime) -> str:
+    async with transaction(runtime.sessions) as s:
+        _, key = await create_key(s, "slow-bot", actor=Actor("test"))
+    return key
+
+
+_UNNAMED_GATE = {"type": "confirmation_gate", "tools": ["slow_*"], "channel": "chat"}
+_UNNAMED_LIMIT = {"type": "rate_limit", "tools": ["slow_*"], "limit": 100}
+
+
+@pytest.mark.parametrize("joined", [False, True], ids=["through-the-intake", "in-the-call's-transaction"])
+async def test_a_gate_timing_out_while_its_request_is_written_answers_with_that_request(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, joined: bool
+) -> None:
+    real = intake.write_new_requests
+
+    async def slow(session: AsyncSession, batch: Sequence[NewRequest]) -> list[ConfirmationRequest | None]:
+        await asyncio.sleep(0.4)  # well past the hooks' 0.1 s timeout
+        return await real(session, batch)
+
+    monkeypatch.setattr(intake, "write_new_requests", slow)
+    # A rate limit first has the call's own transaction begun, so the request joins it.
+    runtime = _slow_bot(settings, [_UNNAMED_LIMIT, _UNNAMED_GATE] if joined else [_UNNAMED_GATE])
+    try:
+        key = await _slow_bot_key(runtime)
+        async with Server(runtime) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            r = await http.post(
+                "/v1/hooks/pre-tool-use",
+                json={"tool_name": "slow_transfer", "arguments": {"amount": 1}},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200, r.text
+            answer = r.json()
+            async with runtime.reads() as s:
+                stored = (await s.exec(select(ConfirmationRequest.id, ConfirmationRequest.status))).all()
+                posts = (await s.exec(select(Delivery.request_id).where(col(Delivery.kind) == "post"))).all()
+            # The answer and the database agree: the request that was committed is the answer.
+            assert answer["decision"] == "pending", answer
+            assert [tuple(row) for row in stored] == [(answer["request_id"], "pending")]
+            assert list(posts) == [answer["request_id"]]
+            assert answer["request"]["gate"] == "confirmation_gate[slow_*]"
+            state = await http.get(
+                f"/v1/requests/{answer['request_id']}", headers={"Authorization": f"Bearer {key}"}
+            )
+            assert state.json()["status"] == "pending"
+    finally:
+        await runtime.aclose()
+
+
+async def test_a_hook_that_times_out_is_named_by_its_label(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = ServerHookServices.take_token
+
+    async def slow(self: ServerHookServices, bucket: str, **kw: float) -> float:
+        await asyncio.sleep(0.4)
+        return await real(self, bucket, **kw)
+
+    monkeypatch.setattr(ServerHookServices, "take_token", slow)
+    runtime = _slow_bot(settings, [_UNNAMED_LIMIT, _UNNAMED_GATE])
+    try:
+        key = await _slow_bot_key(runtime)
+        async with Server(runtime) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            r = await http.post(
+                "/v1/hooks/pre-tool-use",
+                json={"tool_name": "slow_transfer", "arguments": {"amount": 1}},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        assert r.status_code == 200, r.text
+        assert r.json()["decision"] == "deny"
+        assert r.json()["reason"] == "hook 'rate_limit[slow_*]' did not answer within 0.1s"
+        assert await _count(runtime, ConfirmationRequest) == 0
     finally:
         await runtime.aclose()

@@ -19,7 +19,7 @@ from tests.app.factories import make_request
 
 
 def dispatcher(runtime: Runtime) -> Dispatcher:
-    return Dispatcher(runtime.sessions, runtime.channels, runtime.config, wake=asyncio.Event())
+    return Dispatcher(runtime.sessions, runtime.channels, lambda: runtime.config, wake=asyncio.Event())
 
 
 async def deliveries(runtime: Runtime, request_id: str) -> list[Delivery]:

@@ -95,11 +95,25 @@ def test_config_defaults_and_secrets_stay_hidden() -> None:
         ({"base_url": "https://open.larksuite.com/"}, "origin"),
         ({"domain": "larksuite"}, "domain"),
         ({"mode": "socket"}, "mode"),
+        ({"encrypt_key": None}, "allow_unsigned: true"),
+        ({"allow_unsigned": True}, "allow_unsigned does nothing with an encrypt_key"),
     ],
 )
 def test_config_refuses(changes: dict[str, Any], complaint: str) -> None:
     with pytest.raises(ValidationError, match=complaint):
         FeishuConfig.model_validate(config_data(**changes))
+
+
+def test_token_only_mode_must_be_asked_for_and_is_warned_about() -> None:
+    signed = FeishuConfig.model_validate(config_data())
+    assert (signed.allow_unsigned, signed.warnings()) == (False, [])
+    unsigned = FeishuConfig.model_validate(config_data(encrypt_key=None, allow_unsigned=True))
+    [warning] = unsigned.warnings()
+    assert warning.startswith("allow_unsigned: ")
+    assert "replayable" in warning
+    # A long connection needs no callback credentials, and asks for nothing unsigned.
+    ws = FeishuConfig.model_validate(config_data(encrypt_key=None, mode="websocket"))
+    assert ws.warnings() == []
 
 
 def test_config_allows_loopback_http_and_websocket_without_callback_credentials() -> None:
@@ -116,7 +130,7 @@ def test_import_works_without_lark_oapi_and_create_names_the_extra() -> None:
 import sys
 sys.modules["lark_oapi"] = None
 import signoff.channels.feishu as feishu
-config = feishu.FeishuConfig(type="feishu", app_id="a", app_secret="s", verification_token="t", chat_id="c")
+config = feishu.FeishuConfig(type="feishu", app_id="a", app_secret="s", encrypt_key="k", chat_id="c")
 try:
     feishu.create("x", config)
 except ImportError as exc:
@@ -245,23 +259,32 @@ def test_oversized_bodies_are_refused_unread() -> None:
     assert caught.value.status_code == 413
 
 
-def test_token_only_app_accepts_plain_callbacks_with_the_right_token() -> None:
+def test_token_only_app_accepts_plain_callbacks_with_the_right_token_when_allowed() -> None:
     body, headers = fixture_request("req.card_action_trigger.plain.json")
-    assert verify(body, headers, encrypt_key=None).kind is CallbackKind.CARD_ACTION
+    unsigned = {"encrypt_key": None, "allow_unsigned": True}
+    assert verify(body, headers, **unsigned).kind is CallbackKind.CARD_ACTION
     with pytest.raises(CallbackRejected, match="verification token mismatch"):
-        verify(body, headers, encrypt_key=None, verification_token="other")
+        verify(body, headers, **unsigned, verification_token="other")
     with pytest.raises(CallbackRejected, match="no encrypt key configured"):
-        verify(*signed_encrypted(card_action()), encrypt_key=None)
+        verify(*signed_encrypted(card_action()), **unsigned)
+    # Not asked for: the token alone is not enough.
+    with pytest.raises(CallbackRejected, match="allow_unsigned off"):
+        verify(body, headers, encrypt_key=None)
 
 
 def test_url_verification_plain_and_encrypted() -> None:
-    plain = verify(*fixture_request("req.url_verification.plain.json"), encrypt_key=None)
+    plain = verify(*fixture_request("req.url_verification.plain.json"), encrypt_key=None, allow_unsigned=True)
     encrypted = verify(*fixture_request("req.url_verification.encrypted.json"))
     expected = fixture("url_verification.response.json")["challenge"]
     assert plain.kind is encrypted.kind is CallbackKind.URL_VERIFICATION
     assert plain.payload["challenge"] == encrypted.payload["challenge"] == expected
     with pytest.raises(CallbackRejected, match="verification token mismatch"):
-        verify(*fixture_request("req.url_verification.plain.json"), encrypt_key=None, verification_token="x")
+        verify(
+            *fixture_request("req.url_verification.plain.json"),
+            encrypt_key=None,
+            verification_token="x",
+            allow_unsigned=True,
+        )
     # With an encrypt key set, a plaintext challenge is a downgrade.
     with pytest.raises(CallbackRejected, match="plaintext body"):
         verify(*fixture_request("req.url_verification.plain.json"))
@@ -270,12 +293,32 @@ def test_url_verification_plain_and_encrypted() -> None:
 def test_legacy_callback_needs_its_sha1_signature() -> None:
     data = fixture("req.card_callback.legacy_v1.signed_sha1.json")
     body, headers = data["body_raw"].encode(), data["headers"]
-    legacy = {"encrypt_key": None, "verification_token": data["verification_token"]}
+    legacy = {"encrypt_key": None, "verification_token": data["verification_token"], "allow_unsigned": True}
     assert verify(body, headers, **legacy).kind is CallbackKind.LEGACY_CARD_ACTION
     with pytest.raises(CallbackRejected, match="without a valid signature"):
         verify(body, {}, **legacy)
     with pytest.raises(CallbackRejected, match="signature mismatch"):
         verify(body, {**headers, "X-Lark-Signature": "0" * 40}, **legacy)
+    # Its signature is keyed with the verification token alone: with an encrypt key set, a
+    # plaintext legacy callback is a downgrade, and without allow_unsigned it is not enough.
+    with pytest.raises(CallbackRejected, match="plaintext body"):
+        verify(body, headers, **{**legacy, "encrypt_key": ENCRYPT_KEY, "allow_unsigned": False})
+    with pytest.raises(CallbackRejected, match="allow_unsigned off"):
+        verify(body, headers, **{**legacy, "allow_unsigned": False})
+
+
+def test_an_encrypted_legacy_callback_with_its_sha1_signature_is_accepted_with_an_encrypt_key() -> None:
+    payload = fixture("card_callback.legacy_v1.lark_doc.json")
+    payload["token"] = TOKEN
+    body = json.dumps({"encrypt": encrypt(json.dumps(payload).encode(), ENCRYPT_KEY)}).encode()
+    headers = {
+        "x-lark-request-timestamp": str(NOW),
+        "x-lark-request-nonce": "abc",
+        "x-lark-signature": sign(str(NOW), "abc", TOKEN, body, algorithm="sha1"),
+    }
+    assert verify(body, headers).kind is CallbackKind.LEGACY_CARD_ACTION
+    with pytest.raises(CallbackRejected, match="without a valid signature"):
+        verify(body, {})
 
 
 def test_no_credentials_means_no_callbacks() -> None:
@@ -573,7 +616,7 @@ async def test_rejected_callbacks_are_never_applied(channel: FeishuChannel, requ
 @pytest.mark.parametrize(
     ("name", "config"),
     [
-        ("req.url_verification.plain.json", {"encrypt_key": None}),
+        ("req.url_verification.plain.json", {"encrypt_key": None, "allow_unsigned": True}),
         ("req.url_verification.encrypted.json", {}),
     ],
 )
@@ -594,7 +637,7 @@ async def test_other_verified_events_are_acknowledged_and_ignored(channel: Feish
 
 
 async def test_legacy_click_is_answered_with_the_card_itself(fake: FakeFeishu) -> None:
-    channel = make_channel(fake, encrypt_key=None, verification_token="legacy-token")
+    channel = make_channel(fake, encrypt_key=None, verification_token="legacy-token", allow_unsigned=True)
     payload = fixture("card_callback.legacy_v1.lark_doc.json")
     payload["action"]["value"] = {"request_id": "req-4", "verdict": "reject"}
     body = json.dumps(payload).encode()

@@ -14,6 +14,7 @@ import pytest
 from sqlmodel import col, select
 
 from signoff.app.config import parse_config
+from signoff.app.metrics import REGISTRY
 from signoff.app.models import AuditEvent, Vote
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
@@ -26,6 +27,7 @@ from tests.channels.feishu_support import (
     fixture,
     fixture_request,
     make_channel,
+    sign,
     signed_encrypted,
 )
 from tests.conftest import DEFAULT_CONFIG, Server
@@ -42,7 +44,7 @@ async def feishu_server(
     app_id = f"cli_{uuid.uuid4().hex[:16]}"
     channel = make_channel(fake, app_id=app_id)
     channel.name = CHANNEL
-    plain = make_channel(fake, encrypt_key=None)
+    plain = make_channel(fake, encrypt_key=None, allow_unsigned=True)
     plain.name = PLAIN
     raw: dict[str, Any] = json.loads(json.dumps(DEFAULT_CONFIG))
     raw["channels"][CHANNEL] = {
@@ -59,6 +61,7 @@ async def feishu_server(
         "app_id": plain.config.app_id,
         "app_secret": "app-secret",
         "verification_token": "tok",
+        "allow_unsigned": True,
         "chat_id": CHAT,
         "base_url": fake.origin,
     }
@@ -256,3 +259,46 @@ async def test_a_click_on_an_expired_request(
     assert late["toast"]["type"] != "success"
     assert "expired" in late["toast"]["content"]
     assert buttons(late["card"]["data"]) == []
+
+
+async def test_with_an_encrypt_key_a_plaintext_legacy_click_signed_with_the_token_is_refused(
+    feishu_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    """The token alone (it signs legacy callbacks, and every callback carries it) must not be
+    enough to click once an encrypt key is set: only encrypted, signed callbacks count."""
+    server, http = feishu_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = await pending_request(http, agent_key)
+    payload = fixture("card_callback.legacy_v1.lark_doc.json")
+    payload.update(open_id="ou_alice", token="tok")
+    payload["action"]["value"] = {"request_id": rid, "verdict": "approve"}
+    body = json.dumps(payload).encode()
+    timestamp = str(NOW)  # the channel's clock
+    headers = {
+        "content-type": "application/json",
+        "x-lark-request-timestamp": timestamp,
+        "x-lark-request-nonce": "n1",
+        "x-lark-signature": sign(timestamp, "n1", "tok", body, algorithm="sha1"),
+    }
+    reason = "plaintext body while an encrypt key is configured"
+    before = _rejections(CHANNEL, reason)
+
+    r = await http.post(f"/callbacks/feishu/{CHANNEL}", content=body, headers=headers)
+
+    assert r.status_code == 401
+    assert r.json() == {"error": "invalid request"}
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert (state["status"], state["votes"]) == ("pending", [])
+    async with server.runtime.sessions() as s:
+        refused = (
+            await s.exec(select(AuditEvent.detail).where(col(AuditEvent.action) == "callback_rejected"))
+        ).all()
+    assert [(d["channel"], d["reason"]) for d in refused] == [(CHANNEL, reason)]
+    assert _rejections(CHANNEL, reason) == before + 1
+
+
+def _rejections(channel: str, reason: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "signoff_callback_rejections_total", {"channel": channel, "reason": reason}
+    )
+    return value or 0.0

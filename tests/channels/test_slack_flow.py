@@ -348,3 +348,65 @@ async def test_a_clickers_looked_up_email_names_them_as_the_requester(
     async with server.runtime.sessions() as s:
         refused = (await s.exec(select(AuditEvent).where(col(AuditEvent.action) == "vote_refused"))).all()
     assert {e.actor_id for e in refused} == {"U0DANA2", "U0GHOST"}
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        pytest.param(lambda p, rid: p["actions"][0].update(value=rid + "\x00"), id="nul-in-action-value"),
+        pytest.param(
+            lambda p, rid: p["actions"][0].update(value=rid + "\ud800"), id="surrogate-in-action-value"
+        ),
+        pytest.param(lambda p, rid: p["user"].update(username="al\x00ice"), id="nul-in-user-name"),
+        pytest.param(lambda p, rid: p["team"].update(id="T\x00"), id="nul-in-team-id"),
+    ],
+)
+async def test_text_no_database_can_store_is_a_400_and_changes_nothing(
+    slack_server: tuple[Server, httpx.AsyncClient], agent_key: str, spoil: Any
+) -> None:
+    server, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = (
+        await http.post(
+            "/v1/hooks/pre-tool-use", json={"tool_name": "wire_money", "arguments": {}}, headers=agent
+        )
+    ).json()["request_id"]
+    payload = button_payload(ACTION_APPROVE, request_id=rid)
+    payload["user"]["id"] = "W0ALICE"
+    payload["actions"][0]["action_ts"] = f"{time.time():.6f}"
+    spoil(payload, rid)
+    body = form_body(payload)
+    r = await http.post(
+        f"/callbacks/slack/{NAME}", content=body, headers=signed(body, timestamp=int(time.time()))
+    )
+    assert r.status_code == 400, r.text
+    assert r.json() == {"error": "invalid request"}
+
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert (state["status"], state["votes"]) == ("pending", [])
+    async with server.runtime.sessions() as s:
+        rejected = (
+            await s.exec(select(AuditEvent.detail).where(col(AuditEvent.action) == "callback_rejected"))
+        ).all()
+    assert [d["reason"] for d in rejected] == ["text that cannot be stored (NUL or a lone surrogate)"]
+
+
+async def test_a_rejection_reason_no_database_can_store_is_a_400(
+    slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    rid = (
+        await http.post(
+            "/v1/hooks/pre-tool-use", json={"tool_name": "wire_money", "arguments": {}}, headers=agent
+        )
+    ).json()["request_id"]
+    payload = submission_payload("no\x00way", request_id=rid)
+    payload["user"]["id"] = "W0ALICE"
+    body = form_body(payload)
+    r = await http.post(
+        f"/callbacks/slack/{NAME}", content=body, headers=signed(body, timestamp=int(time.time()))
+    )
+    assert r.status_code == 400, r.text
+    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+    assert (state["status"], state["votes"]) == ("pending", [])

@@ -85,8 +85,10 @@ def csrf_of(page: str) -> str:
 class Console:
     """An HTTP client that signs in to the console like a browser (cookies, forms)."""
 
-    def __init__(self, base_url: str) -> None:
-        self.client = httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False)
+    def __init__(self, base_url: str, *, address: str | None = None) -> None:
+        """``address``: the local address to connect from (any of 127.0.0.0/8 on loopback)."""
+        transport = httpx.AsyncHTTPTransport(local_address=address) if address else None
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False, transport=transport)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -179,3 +179,31 @@ def test_weak_session_secret_is_refused() -> None:
     assert Settings(session_secret="x" * 32).session_max_age_seconds == 12 * 3600
     with pytest.raises(ValidationError):
         Settings(session_max_age_seconds=0)
+
+
+@pytest.mark.parametrize("token", ["x", "abcdefghijklmnopqrstuvw", "  " + "a" * 23 + "  "])
+def test_a_short_admin_token_is_refused_outside_development(token: str) -> None:
+    with pytest.raises(ValidationError, match="SIGNOFF_ADMIN_TOKEN is too short") as caught:
+        Settings(admin_token=token)  # type: ignore[arg-type]
+    assert "secrets.token_urlsafe(32)" in str(caught.value)
+    assert Settings(admin_token=token, environment="development").admin_token is not None  # type: ignore[arg-type]
+    assert Settings(admin_token="a" * 24).admin_token is not None  # type: ignore[arg-type]
+
+
+def test_the_server_will_not_start_with_a_short_admin_token(tmp_path: Path) -> None:
+    from tests.conftest import free_port
+
+    env = {**_env(), "SIGNOFF_ADMIN_TOKEN": "x", "SIGNOFF_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}"}
+    done = subprocess.run(
+        [str(SIGNOFF), "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "SIGNOFF_ADMIN_TOKEN is too short (1 of the 24 characters needed outside development)" in line
+    assert "secrets.token_urlsafe(32)" in line
+    assert not (tmp_path / "s.db").exists()  # refused before touching anything

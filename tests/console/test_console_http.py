@@ -18,9 +18,18 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app.config import SignoffConfig
 from signoff.app.console.auth import SESSION_COOKIE
 from signoff.app.db import transaction
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Vote, utcnow
+from signoff.app.models import (
+    AuditEvent,
+    ConfirmationRequest,
+    ConsoleSessionRevocation,
+    Delivery,
+    Switch,
+    Vote,
+    utcnow,
+)
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
@@ -154,7 +163,7 @@ async def test_wrong_password_is_refused(console: Console, name: str, password: 
     assert (await console.get("/ui/")).status_code == 303
 
 
-async def test_repeated_failures_lock_out_the_address_and_the_operator(console: Console) -> None:
+async def test_repeated_failures_lock_that_name_out_from_that_address(console: Console) -> None:
     for _ in range(5):
         assert (await console.sign_in("alice", "guess")).status_code == 401
 
@@ -164,8 +173,78 @@ async def test_repeated_failures_lock_out_the_address_and_the_operator(console: 
     assert "Too many failed sign-ins" in locked.text
     assert 0 < int(locked.headers["Retry-After"]) <= 15 * 60
     assert (await console.get("/ui/")).status_code == 303
-    # The same address as another operator is refused too.
+    # Another operator at the same address is not held responsible for those guesses.
+    assert (await console.sign_in("bob")).status_code == 303
+
+
+async def test_a_stranger_cannot_lock_an_operator_out(console: Console, console_server: Server) -> None:
+    stranger = Console(console_server.url, address="127.0.0.2")
+    try:
+        for _ in range(5):
+            assert (await stranger.sign_in("alice", "guess")).status_code == 401
+        assert (await stranger.sign_in("alice")).status_code == 429
+    finally:
+        await stranger.aclose()
+    # Alice, from her own address, signs in as ever.
+    assert (await console.sign_in("alice")).status_code == 303
+    assert (await console.get("/ui/")).status_code == 200
+
+
+async def test_an_address_guessing_many_names_is_locked_out(console: Console) -> None:
+    names = ["alice", "bob", "carol-ops", "mallory", "nobody"]
+    for i in range(20):
+        assert (await console.sign_in(names[i % len(names)], f"guess-{i}")).status_code == 401
+    # Twenty failures from one address: every name is refused there, the right password too.
     assert (await console.sign_in("bob")).status_code == 429
+    assert (await console.sign_in("someone-new", "x")).status_code == 429
+
+
+async def test_signing_out_ends_the_session_everywhere(
+    alice: Console, console_server: Server, runtime: Runtime, settings: Settings, config: SignoffConfig
+) -> None:
+    cookie = alice.client.cookies[SESSION_COOKIE]
+    copied = Console(console_server.url)
+    copied.client.cookies.set(SESSION_COOKIE, cookie, path="/ui")
+    # Another replica: its own process state, the same database and session secret.
+    replica_runtime = Runtime.create(settings, config, channels={"chat": FakeChannel("chat")})
+    try:
+        async with Server(replica_runtime) as replica:
+            elsewhere = Console(replica.url)
+            elsewhere.client.cookies.set(SESSION_COOKIE, cookie, path="/ui")
+            try:
+                assert (await copied.get("/ui/")).status_code == 200
+                assert (await elsewhere.get("/ui/")).status_code == 200
+                token = await copied.form_token("/ui/")
+
+                queue = await alice.get("/ui/")
+                out = await alice.client.post("/ui/logout", data={"csrf_token": csrf_of(queue.text)})
+                assert redirect_target(out)[0] == "/ui/login"
+
+                # The copy of the cookie is worth nothing now, here and on the other replica.
+                for client in (copied, elsewhere):
+                    page = await client.get("/ui/")
+                    assert page.status_code == 303
+                    assert redirect_target(page)[0] == "/ui/login"
+                    poll = await client.get("/ui/", headers={"HX-Request": "true"})
+                    assert poll.status_code == 401
+                flip = await copied.client.post(
+                    "/ui/switches/read_only", data={"csrf_token": token, "on": "1"}
+                )
+                assert flip.status_code == 303
+                assert redirect_target(flip)[0] == "/ui/login"
+                # Signing out again with the copy changes nothing either.
+                again = await copied.client.post("/ui/logout", data={"csrf_token": token})
+                assert redirect_target(again)[0] == "/ui/login"
+            finally:
+                await elsewhere.aclose()
+    finally:
+        await copied.aclose()
+        await replica_runtime.aclose()
+    async with runtime.reads() as s:
+        ended = (await s.exec(select(ConsoleSessionRevocation.operator))).all()
+        switch = (await s.exec(select(Switch.on).where(col(Switch.name) == "read_only"))).first()
+    assert list(ended) == ["alice"]
+    assert not switch
 
 
 async def test_a_success_clears_earlier_failures(console: Console) -> None:

@@ -250,6 +250,24 @@ def test_signoff_hook_without_a_runtime_exits_2() -> None:
     assert "claude-code" in done.stderr
 
 
+async def test_the_server_command_runs_the_same_hook(server: Server, agent_key: str) -> None:
+    signoff = Path(sys.executable).with_name("signoff")
+    for key, expected in ((agent_key, 0), ("wrong", 2)):
+        proc = await asyncio.create_subprocess_exec(
+            str(signoff),
+            "hook",
+            "claude-code",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=hook_env(server.url, key),
+        )
+        out, err = await asyncio.wait_for(proc.communicate(json.dumps(UNGATED).encode()), 60)
+        assert proc.returncode == expected, err
+        if expected == 0:
+            assert json.loads(out) == {}
+
+
 async def test_the_allow_path_over_plain_http_sends_the_key(server: Server, agent_key: str) -> None:
     code, out, err, _ = await run_hook(hook_env(server.url, agent_key), UNGATED)
     assert code == 0, err

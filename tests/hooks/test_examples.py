@@ -210,8 +210,9 @@ def test_claude_code_settings_snippet() -> None:
     for name in ("Read", "NotebookEdit", "BashOutput", "Grep"):
         assert not re.search(matcher, name), name
     assert handler["type"] == "command"
-    assert handler["command"] == "signoff"
-    assert handler["args"][:2] == ["hook", "claude-code"]
+    assert handler["command"] == "signoff-hook"
+    assert handler["args"][:1] == ["claude-code"]
+    assert handler["onFailure"] == "block"
     # The hook must know Claude Code's timeout, to give up (exit 2) before Claude Code does.
     args = handler["args"]
     assert float(args[args.index("--timeout") + 1]) == handler["timeout"] >= 600
@@ -223,7 +224,7 @@ async def test_claude_code_settings_command_against_the_server(
     _, handler = claude_code_handler()
     bin_dir = str(Path(sys.executable).parent)
     command = shutil.which(handler["command"], path=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
-    assert command is not None, "the signoff console script is not installed"
+    assert command is not None, "the signoff-hook console script is not installed"
     env = example_env(server.url, demo_key)
 
     def hook_input(tool_name: str, tool_input: dict[str, Any], tool_use_id: str) -> bytes:

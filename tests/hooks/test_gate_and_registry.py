@@ -33,7 +33,7 @@ def make_gate(*tools: str, when: str | None = None, **kw: Any) -> ConfirmationGa
         (("pay_*",), "pay_", True),
         (("pay_*",), "pay", False),
         (("pay_*",), "prepay_invoice", False),
-        (("pay_*",), "PAY_invoice", False),
+        (("pay_*",), "PAY_invoice", True),  # no spelling of a gated tool slips past its gate
         (("*",), "anything_at_all", True),
         (("*",), "mcp__github__create_issue", True),
         (("delete_repo",), "delete_repo", True),

@@ -1,4 +1,4 @@
-"""Revision 0004 (several gates per request) keeps the requests and votes made before it
+"""Revision 0006 (several gates per request) keeps the requests and votes made before it
 valid: migrated from 0003 with a pending two-person request and its first vote, the
 request reads, decides and replays as it would have."""
 
@@ -35,7 +35,7 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'old.db'}"
         return
     u = make_url(PG_URL)
-    url = u.set(database=f"{u.database}_0004_{os.getpid()}").render_as_string(hide_password=False)
+    url = u.set(database=f"{u.database}_0006_{os.getpid()}").render_as_string(hide_password=False)
     _drop_pg_database(url)
     _ensure_pg_database(url)
     yield url

@@ -5,8 +5,8 @@ and a vote counts for one of them (``vote.gate``, unique per request, gate and v
 Existing rows stay valid as they are: an empty ``gates`` means the one gate in ``gate``,
 posted to ``channel``, and every existing vote is a vote for it (gate 0).
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-12-01 09:17:33.487942
 """
 
@@ -17,8 +17,8 @@ from alembic import op
 
 import signoff.app.models  # noqa: F401  (column types)
 
-revision: str = "0004"
-down_revision: str | None = "0003"
+revision: str = "0006"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

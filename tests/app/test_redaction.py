@@ -1,0 +1,185 @@
+"""Redaction by key (any spelling, any depth) and by value (secrets inside text), hypothesis."""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from signoff.app.config import DEFAULT_REDACT
+from signoff.app.redaction import REDACTED, redact
+
+WORDS = frozenset(DEFAULT_REDACT)
+SEPARATORS = ["", "", "", "-", "_", " ", "."]
+
+
+@st.composite
+def spellings(draw: st.DrawFn, word: str) -> str:
+    """``word`` in any case, with ``-``, ``_``, spaces or dots anywhere between its letters,
+    inside a longer key (``x_api_key_id``)."""
+    letters = [c for c in word if c.isalnum()]
+    out = []
+    for c in letters:
+        out.append(draw(st.sampled_from([c.lower(), c.upper()])))
+        out.append(draw(st.sampled_from(SEPARATORS)))
+    prefix = draw(st.sampled_from(["", "x_", "X-", "my ", "aws", "user."]))
+    suffix = draw(st.sampled_from(["", "_id", "Id", "-value", "s", " 2"]))
+    return prefix + "".join(out) + suffix
+
+
+def nest(value: Any, path: list[tuple[str, int | str]]) -> Any:
+    for kind, key in reversed(path):
+        value = {str(key): value, "amount": 1} if kind == "dict" else [0, value]
+    return value
+
+
+def dig(value: Any, path: list[tuple[str, int | str]]) -> Any:
+    for kind, key in path:
+        value = value[str(key)] if kind == "dict" else value[1]
+    return value
+
+
+paths = st.lists(
+    st.tuples(st.sampled_from(["dict", "list"]), st.sampled_from(["data", "headers", "env"])), max_size=6
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(WORDS)).flatmap(spellings), paths, st.text(max_size=30) | st.integers())
+def test_any_spelling_of_a_redact_key_is_redacted_at_any_depth(
+    key: str, path: list[Any], secret: Any
+) -> None:
+    body = nest({key: secret, "amount": 90000}, path)
+    out = redact(body, WORDS)
+    leaf = dig(out, path)
+    assert leaf[key] == REDACTED, key
+    assert leaf["amount"] == 90000, "other keys keep their values"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "API-KEY",
+        "X-Api-Key",
+        "api key",
+        "apiKey",
+        "private_key",
+        "credentials",
+        "passphrase",
+        "pwd",
+        "access_key_id",
+    ],
+)
+def test_common_spellings_are_redacted(key: str) -> None:
+    assert redact({"headers": {key: "s3cret"}}, WORDS) == {"headers": {key: REDACTED}}
+
+
+B64URL = string.ascii_letters + string.digits + "-_"
+ALNUM = string.ascii_letters + string.digits
+
+
+def _with_digit(s: str) -> str:
+    return s + "7"
+
+
+secrets_ = st.one_of(
+    st.tuples(
+        st.sampled_from(["AKIA", "ASIA"]),
+        st.text(string.ascii_uppercase + string.digits, min_size=16, max_size=16),
+    ).map("".join),
+    st.tuples(
+        st.text(B64URL, min_size=8, max_size=40),
+        st.text(B64URL, min_size=8, max_size=60),
+        st.text(B64URL, min_size=0, max_size=43),
+    ).map(lambda p: f"eyJ{p[0]}.eyJ{p[1]}.{p[2]}"),
+    st.tuples(st.sampled_from("abpors"), st.text(ALNUM + "-", min_size=10, max_size=50)).map(
+        lambda p: f"xox{p[0]}-{p[1]}"
+    ),
+    st.tuples(
+        st.sampled_from(["", "proj-", "ant-api03-"]), st.text(ALNUM + "_-", min_size=20, max_size=60)
+    ).map(lambda p: f"sk-{p[0]}{p[1]}"),
+    st.tuples(
+        st.sampled_from(["Bearer", "bearer", "BEARER", "Basic", "Token"]),
+        st.text(ALNUM + "-._~+/", min_size=8, max_size=60).map(_with_digit),
+    ).map(" ".join),
+    st.text(ALNUM + "+/\n", min_size=10, max_size=200).map(
+        lambda body: f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----"
+    ),
+    st.tuples(
+        st.sampled_from(["password", "api_key", "X-Api-Key", "client_secret", "Authorization"]),
+        st.sampled_from(["=", ": ", ":", " = "]),
+        st.text(ALNUM + "!$%*()+~", min_size=8, max_size=40),
+    ).map("".join),
+)
+"""Secrets as they appear in text: the whole string is the secret, or (for ``key=value``)
+the part after the separator."""
+
+
+def _hidden_part(secret: str) -> str:
+    for scheme in ("Bearer ", "bearer ", "BEARER ", "Basic ", "Token "):
+        if secret.startswith(scheme):
+            return secret[len(scheme) :]
+    for sep in (" = ", ": ", "=", ":"):
+        _, found, tail = secret.partition(sep)
+        if found and not secret.startswith(("eyJ", "-----BEGIN", "sk-", "xox", "AKIA", "ASIA")):
+            return tail
+    return secret
+
+
+gaps = st.sampled_from([" ", "\n", "\t", " (", "; ", ", ", " '", '"', "[", "> "])
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.text(max_size=60), gaps, secrets_, gaps, st.text(max_size=60))
+def test_secrets_embedded_in_text_are_masked(
+    before: str, gap: str, secret: str, gap2: str, after: str
+) -> None:
+    text = before + gap + secret + gap2 + after
+    hidden = _hidden_part(secret)
+    assume(hidden not in before + gap and hidden not in gap2 + after)
+    out = redact({"memo": text}, WORDS)["memo"]
+    assert hidden not in out, (text, out)
+    assert REDACTED in out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # No vowels (nor p, w): a user name that spells no redact word.
+    st.text("bcdfghjklmnqrstvxzBCDFGHJKLMNQRSTVXZ0123456789._-", min_size=1, max_size=12),
+    st.text(ALNUM + "!$%*()+~", min_size=8, max_size=30),
+    st.sampled_from(["https", "postgresql", "redis", "amqp"]),
+)
+def test_passwords_in_urls_are_masked(user: str, password: str, scheme: str) -> None:
+    text = f"connect to {scheme}://{user}:{password}@db.internal:5432/app now"
+    out = redact({"dsn": text}, WORDS)["dsn"]
+    assert password not in out.replace(f"://{user}:", "://"), out
+    assert f"{scheme}://{user}:{REDACTED}@db.internal:5432/app" in out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.text() | st.integers(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
+        max_leaves=12,
+    )
+)
+def test_redaction_is_idempotent(value: Any) -> None:
+    once = redact(value, WORDS)
+    assert redact(once, WORDS) == once
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Basic information about the invoice",
+        "meeting at 12:30, see https://example.com/a:b?page=2",
+        "task-0123456789abcdefghij is done",
+        "the token count is 12",
+    ],
+)
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert redact({"memo": text}, WORDS) == {"memo": text}
