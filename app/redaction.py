@@ -54,9 +54,17 @@ class _Form:
 
 
 _FORMS = (
+    # The block's body only: base64 lines, their line breaks (real, or escaped as ``\n``)
+    # and an encrypted key's ``Proc-Type`` and ``DEK-Info`` headers. Text no key holds (a
+    # space, punctuation) ends the mask: a BEGIN line cannot hide from the approvers what the
+    # call carries after it.
     _Form(
         "-----BEGIN",
-        re.compile(r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END[A-Z0-9 ]*PRIVATE KEY-----|\Z)"),
+        re.compile(
+            r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----"
+            r"(?:(?:Proc-Type|DEK-Info):[ \t]*[A-Za-z0-9,-]*|[A-Za-z0-9+/=\r\n\\])*"
+            r"(?:-----END[A-Z0-9 ]*PRIVATE KEY-----)?"
+        ),
         False,
     ),
     _Form("eyJ", re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"), False),
