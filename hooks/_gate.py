@@ -462,7 +462,8 @@ def interpret_request(
     status = data.get("status") if data is not None else None
     if data is None or status not in _STATUSES:
         return _Final(_unavailable(f"malformed answer from Signoff for request {request_id}", request_id))
-    if data.get("id") not in (None, request_id):
+    if data.get("id") != request_id:
+        # A request record always names itself: one that does not is about some other request.
         return _Final(_unavailable(f"Signoff answered about another request than {request_id}", request_id))
     if status == "pending":
         return _Pending(request_id, data)
@@ -512,7 +513,7 @@ def interpret_submit(reply: HttpReply | TransportFailure) -> tuple[_Verdict, dic
     decision = data.get("decision")
     if decision == Decision.ALLOW:
         # An allow that contradicts its own request record is not trusted.
-        if status not in (None, "approved"):
+        if status not in (None, "approved") or (request is not None and status is None):
             return malformed, None
         return _Final(GateDecision(True, reason, request_id, modified, request=request)), modified
     if decision == Decision.DENY:
