@@ -716,3 +716,92 @@ def test_the_client_imports_nothing_but_httpx_and_the_standard_library() -> None
     }
     assert "httpx" in loaded
     assert loaded.isdisjoint(server_side), loaded & server_side
+
+
+# --------------------------------------------------------------------------- post-tool-use reports
+
+Report = Callable[..., Any]
+
+
+@pytest.fixture(params=["sync", "async"])
+def report(request: pytest.FixtureRequest) -> Callable[[Scripted], Report]:
+    """``report(script)(tool, args, result, **kw)`` through either shell."""
+
+    def bind(script: Scripted) -> Report:
+        options = {"url": URL, "api_key": KEY, **FAST}
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            transport = httpx.MockTransport(script)
+            if request.param == "sync":
+                with GateClient(transport=transport, **options) as client:
+                    return client.post_tool_use(*args, **kwargs)
+
+            async def go() -> Any:
+                async with AsyncGateClient(transport=transport, **options) as client:
+                    return await client.post_tool_use(*args, **kwargs)
+
+            return asyncio.run(go())
+
+        return call
+
+    return bind
+
+
+def test_a_report_carries_the_call_its_result_and_its_key(report: Callable[[Scripted], Report]) -> None:
+    answer = {"decision": "allow", "reason": None, "modified": False, "result": "ok"}
+    script = Scripted().on("report", httpx.Response(200, json=answer))
+    sent = report(script)(
+        "pay_invoice", {"amount": 5}, "ok", session_id="s", idempotency_key="k-1", metadata={"runtime": "mcp"}
+    )
+    assert sent.delivered
+    assert not sent.modified
+    (body,) = script.bodies("report")
+    assert body == {
+        "tool_name": "pay_invoice",
+        "arguments": {"amount": 5},
+        "result": "ok",
+        "session_id": "s",
+        "idempotency_key": "k-1",
+        "metadata": {"runtime": "mcp"},
+    }
+
+
+def test_a_rewritten_result_is_handed_back(report: Callable[[Scripted], Report]) -> None:
+    answer = {"decision": "allow", "reason": "truncated", "modified": True, "result": "o…"}
+    sent = report(Scripted().on("report", httpx.Response(200, json=answer)))("t", {}, "ok" * 100)
+    assert (sent.delivered, sent.modified, sent.result, sent.reason) == (True, True, "o…", "truncated")
+
+
+def test_a_report_rides_out_a_restart(report: Callable[[Scripted], Report]) -> None:
+    answer = {"decision": "allow", "modified": False, "result": None}
+    script = Scripted().on(
+        "report", httpx.ConnectError("refused"), httpx.Response(503), httpx.Response(200, json=answer)
+    )
+    assert report(script)("t", {}, None, idempotency_key="same").delivered
+    assert [b["idempotency_key"] for b in script.bodies("report")] == ["same"] * 3
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (httpx.Response(401, json={"detail": "bad key"}), "refused the API key"),
+        (httpx.Response(200, content=b"<html>"), "malformed answer"),
+        (httpx.ConnectError("refused"), "did not take the report"),
+    ],
+)
+def test_a_lost_report_says_why_and_never_raises(
+    report: Callable[[Scripted], Report],
+    reply: httpx.Response | Exception,
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("signoff.hooks._gate.REPORT_DEADLINE", 0.2)
+    sent = report(Scripted().on("report", reply))("t", {}, None)
+    assert not sent.delivered
+    assert says in (sent.reason or "")
+
+
+def test_a_report_that_cannot_be_encoded_is_lost_not_raised(report: Callable[[Scripted], Report]) -> None:
+    sent = report(Scripted())("t", {}, float("nan"))
+    assert not sent.delivered
+    assert "ValueError" in (sent.reason or "")
