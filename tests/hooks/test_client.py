@@ -14,6 +14,7 @@ import pytest
 
 from signoff.hooks._contract import Decision
 from signoff.hooks._gate import TransportFailure, transport_failure, unreachable_reason
+from signoff.hooks._plain_async import AsyncPlainGateClient
 from signoff.hooks.client import (
     AsyncGateClient,
     GateClient,
@@ -805,3 +806,61 @@ def test_a_report_that_cannot_be_encoded_is_lost_not_raised(report: Callable[[Sc
     sent = report(Scripted())("t", {}, float("nan"))
     assert not sent.delivered
     assert "ValueError" in (sent.reason or "")
+
+
+# --------------------------------------------------------------------------- the asyncio plain shell
+
+
+async def test_plain_async_approve_after_a_restart_during_the_wait(live: LiveSignoff) -> None:
+    """As the httpx client does: re-attach across a restart, on fresh connections."""
+    async with AsyncPlainGateClient(
+        live.url, KEY, poll_timeout=5, backoff_initial=0.05, backoff_max=0.2, deadline=20
+    ) as client:
+        task = asyncio.create_task(
+            client.pre_tool_use("pay_invoice", {"amount": 9}, session_id="s", tool_call_id="c")
+        )
+        rid = await asyncio.to_thread(live.wait_for_request)
+        await asyncio.sleep(0.2)  # the client is inside a long-poll now
+        await asyncio.to_thread(live.stop)
+        await asyncio.sleep(0.3)  # the client sees refused connections
+        live.start()
+        live.decide(rid, "approved", name="Carol")
+        decision = await asyncio.wait_for(task, 10)
+    assert decision.allowed
+    assert decision.reason == "Approved by Carol (slack)"
+    assert live.waits >= 2
+    assert len(live.submissions) == 1
+
+
+async def test_plain_async_concurrent_calls_and_reports(live: LiveSignoff) -> None:
+    live.policy = lambda tool, args: "allow"
+    async with AsyncPlainGateClient(live.url, KEY) as client:
+        decisions = await asyncio.gather(*(client.pre_tool_use("t", {"i": i}) for i in range(12)))
+        answers = await asyncio.gather(*(client.post_tool_use("t", {"i": i}, i) for i in range(12)))
+    assert all(d.allowed for d in decisions)
+    assert all(a.delivered for a in answers)
+    assert sorted(s["arguments"]["i"] for s in live.submissions) == list(range(12))
+    assert sorted(r["result"] for r in live.reports) == list(range(12))
+
+
+async def test_plain_async_down_and_bad_key_deny(live: LiveSignoff) -> None:
+    async with AsyncPlainGateClient(live.url, "sk-wrong") as client:
+        refused = await client.pre_tool_use("t", {})
+    assert refused.failure is GateFailure.UNAVAILABLE
+    assert "401" in (refused.reason or "")
+    url = live.url
+    live.stop()
+    async with AsyncPlainGateClient(url, KEY, submit_deadline=0.5, **FAST) as client:
+        down = await client.pre_tool_use("t", {})
+    assert down.failure is GateFailure.UNAVAILABLE
+    assert "refused the connection" in (down.reason or "")
+
+
+async def test_plain_async_leaves_https_to_httpx() -> None:
+    fake = Scripted().on("submit", submitted("allow"))
+    async with AsyncPlainGateClient("https://signoff.test", KEY) as client:
+        await client._http.aclose()
+        client._http = httpx.AsyncClient(transport=httpx.MockTransport(fake))
+        decision = await client.pre_tool_use("t", {})
+    assert decision.allowed
+    assert fake.requests[0].url == "https://signoff.test/v1/hooks/pre-tool-use"
