@@ -124,10 +124,11 @@ async def run(config: ProxyConfig) -> int:
     """Run the proxy until its client goes away, a signal, or the upstream exits; the exit status."""
     import anyio
 
-    from signoff.hooks.client import AsyncGateClient
+    from signoff.hooks._plain_async import AsyncPlainGateClient
     from signoff.hooks.mcp_proxy._proxy import GatingProxy, connect_upstream
 
-    gate = AsyncGateClient(runtime="mcp", submit_deadline=config.submit_deadline)
+    # Asked about every call it relays: the lean HTTP/1.1 shell for http://, httpx for https://.
+    gate = AsyncPlainGateClient(runtime="mcp", submit_deadline=config.submit_deadline)
     relay: list[GatingProxy] = []
     stoppers: list[Callable[[], None]] = []
     exit_code = [0]
