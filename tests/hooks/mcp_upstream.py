@@ -5,7 +5,8 @@
 Tools: ``echo`` (returns its arguments as structured content), ``pay_invoice`` (a
 payment, answered as text), ``slow`` (reports progress and logs while it works),
 ``notify`` (sends list-changed and resource-updated notifications), ``header`` (an
-HTTP header of the request), ``crash`` (the process exits at once). A resource, a
+HTTP header of the request), ``environ`` (an environment variable), ``crash`` (the
+process exits at once). A resource, a
 resource template, a prompt and completions.
 Every tool call (and a client's ``roots/list_changed`` notification) is appended to
 ``--log`` as a JSON line, so a test can tell what reached the server.
@@ -65,10 +66,14 @@ def pay_invoice(invoice_id: str, amount: int, memo: str = "") -> str:
 async def slow(steps: int, ctx: Context) -> str:
     """Work in steps, reporting progress and logging each."""
     _logged("slow", {"steps": steps})
-    for i in range(steps):
-        await ctx.report_progress(i + 1, steps, f"step {i + 1}")
-        await ctx.info(f"step {i + 1} of {steps}")
-        await anyio.sleep(0.01)
+    try:
+        for i in range(steps):
+            await ctx.report_progress(i + 1, steps, f"step {i + 1}")
+            await ctx.info(f"step {i + 1} of {steps}")
+            await anyio.sleep(0.01)
+    except anyio.get_cancelled_exc_class():
+        _logged("slow cancelled", {"steps": steps})
+        raise
     return f"done in {steps} steps"
 
 
@@ -88,6 +93,13 @@ def header(name: str, ctx: Context) -> str:
     """The value of one HTTP header of this request ("" over stdio)."""
     _logged("header", {"name": name})
     return (ctx.headers or {}).get(name.lower(), "")
+
+
+@server.tool()
+def environ(name: str) -> str:
+    """The value of one of this process's environment variables ("" if unset)."""
+    _logged("environ", {"name": name})
+    return os.environ.get(name, "")
 
 
 @server.tool()

@@ -217,6 +217,28 @@ async def test_notifications_pass_through_both_ways(
     assert calls()[-1] == {"tool": "notifications/roots/list_changed", "arguments": {}}
 
 
+async def test_a_call_the_client_cancels_is_cancelled_upstream(
+    server: Server, agent_key: str, tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    started = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        started.set()
+
+    async with proxied(tmp_path, server.url, agent_key) as client:
+        call = asyncio.create_task(client.call_tool("slow", {"steps": 3000}, progress_callback=on_progress))
+        await asyncio.wait_for(started.wait(), 20)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        for _ in range(200):
+            if any(c["tool"] == "slow cancelled" for c in calls()):
+                break
+            await asyncio.sleep(0.02)
+        assert text(await client.call_tool("echo", {"text": "still here"})) != ""
+    assert [c["tool"] for c in calls()] == ["slow", "slow cancelled", "echo"]
+
+
 async def test_a_2026_client_gets_progress_and_opted_in_logs(
     server: Server, agent_key: str, tmp_path: Path
 ) -> None:
@@ -333,6 +355,41 @@ async def test_a_call_held_past_hold_waits_and_its_retry_reattaches(
         assert later.meta["signoff/decision"] == "pending"
         assert later.meta["signoff/request_id"] != rid
     assert len(calls()) == 1
+
+
+async def test_a_call_the_client_gives_up_on_is_reattached_by_its_retry(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "30") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        call = asyncio.create_task(client.call_tool("pay_invoice", BIG))
+        (rid,) = await pending_ids(runtime, admin)
+        call.cancel()  # the client sends notifications/cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert calls() == []
+        await vote(runtime, rid, Verdict.APPROVE, "bob")
+        retry = await client.call_tool("pay_invoice", BIG)
+        assert len((await admin.get("/v1/admin/requests")).json()) == 1, "the retry asked nobody again"
+    assert text(retry) == "paid inv-1: 90000"
+    assert len(calls()) == 1
+
+
+async def test_the_upstream_never_holds_the_agents_signoff_key(
+    server: Server, agent_key: str, tmp_path: Path
+) -> None:
+    async with proxied(tmp_path, server.url, agent_key) as client:
+        key = await client.call_tool("environ", {"name": "SIGNOFF_API_KEY"})
+        url = await client.call_tool("environ", {"name": "SIGNOFF_URL"})
+    assert text(key) == ""
+    assert text(url) == server.url, "the rest of the environment is inherited"
 
 
 async def test_a_2026_client_is_gated_the_same_way(
