@@ -5,7 +5,8 @@ thread (``anyio.wrap_file``), which costs a thread hand-off for every line each 
 When stdin and stdout are pipes or sockets (as an MCP client spawns a server) the
 proxy reads and writes them on the event loop instead; anything else (a terminal, a
 file) goes through the SDK's transport. Either way fd 0 and fd 1 are pointed away from
-the wire while serving, so stray output can never corrupt it.
+the wire (to the null device and to stderr) once serving starts, so stray output can
+never corrupt it; the fast path leaves them so until the process exits.
 """
 
 from __future__ import annotations
