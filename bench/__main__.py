@@ -6,7 +6,8 @@ Sections: ``hook`` (``signoff-hook claude-code`` start-up, editable and as a whe
 ``client`` (agent-side overhead through the client library),
 ``latency`` (decision → waiter), ``throughput`` (pending creation and the allow
 path vs bare FastAPI baselines), ``waiters`` (many concurrent long-polls),
-``restart`` (many pending requests). ``--quick`` runs each briefly (for CI;
+``restart`` (many pending requests), ``mcp`` (what ``signoff-mcp-proxy`` adds to an
+ungated ``tools/call``; one database). ``--quick`` runs each briefly (for CI;
 well under a minute). The table is printed and, unless ``--no-write``, written
 between the markers in ``docs/benchmarks.md`` (with the machine it ran on) and
 as JSON to ``bench/last-run.json``.
@@ -22,11 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import client_overhead, hook_startup, restart, throughput, waiters, wake_latency
+from bench import client_overhead, hook_startup, mcp_proxy, restart, throughput, waiters, wake_latency
 from bench._report import Row, dump_json, machine, markdown, text_table
 from bench._server import ROOT, Signoff, baseline, config_with_slack, fake_slack, running_server
 
-SECTIONS = ["hook", "client", "latency", "throughput", "waiters", "restart"]
+SECTIONS = ["hook", "client", "latency", "throughput", "waiters", "restart", "mcp"]
 DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -44,10 +45,13 @@ class Plan:
     waiter_dbs: tuple[str, ...]
     pending: int
     restart_dbs: tuple[str, ...]
+    mcp_calls: int
 
 
-FULL = Plan(5.0, 1.0, 3, 32, 300, 500, 40, 10_000, ("sqlite", "postgres"), 100_000, ("sqlite", "postgres"))
-QUICK = Plan(1.0, 0.3, 1, 32, 30, 50, 10, 300, ("sqlite",), 3_000, ("sqlite",))
+FULL = Plan(
+    5.0, 1.0, 3, 32, 300, 500, 40, 10_000, ("sqlite", "postgres"), 100_000, ("sqlite", "postgres"), 1000
+)
+QUICK = Plan(1.0, 0.3, 1, 32, 30, 50, 10, 300, ("sqlite",), 3_000, ("sqlite",), 50)
 
 
 def log(msg: str) -> None:
@@ -223,6 +227,25 @@ def restart_rows(db: str, pending: int) -> list[Row]:
     ]
 
 
+def mcp_rows(db: str, calls: int) -> list[Row]:
+    log(f"{db}: MCP proxy, {calls} ungated tools/call each way")
+    with running_server(db, config=mcp_proxy.config()) as s:
+        r = mcp_proxy.measure(s, calls)
+    return [
+        Row(
+            "signoff-mcp-proxy: added to an ungated tools/call, p50",
+            db,
+            f"{r.added_p50:.2f} ms (proxied {r.proxied_p50:.2f} / {r.proxied_p99:.2f} ms p50 / p99)",
+            f"{r.direct_p50:.2f} / {r.direct_p99:.2f} ms (client → upstream directly)",
+            r.proxied_p50 / r.direct_p50,
+            "≤ 5 ms added",
+            r.added_p50 <= 5,
+            "mcp SDK client over stdio, calls alternating; the proxy asks Signoff (answered allow) and "
+            f"reports the call in the background; asking Signoff alone: {r.signoff_p50:.2f} ms p50",
+        )
+    ]
+
+
 def write_doc(table: str) -> None:
     text = DOC.read_text() if DOC.exists() else f"# Benchmarks\n\n{START}\n{END}\n"
     if START not in text or END not in text:
@@ -253,6 +276,8 @@ def main() -> None:
     for db in dbs:
         if "restart" in only and db in (plan.restart_dbs if not args.db else dbs):
             rows += restart_rows(db, plan.pending)
+    if "mcp" in only:
+        rows += mcp_rows(dbs[0], plan.mcp_calls)
     info = machine()
     print(text_table(rows))
     log(f"done in {time.monotonic() - t0:.0f} s")

@@ -22,19 +22,23 @@ from signoff.hooks._gate import (
     HttpReply,
     Outcome,
     Pause,
+    ReportAnswer,
     Step,
     ToolCall,
     TransportFailure,
     _unavailable,
     cancel_flow,
     gate_flow,
+    report_body,
+    report_flow,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Mapping
     from types import TracebackType
-    from typing import Self
+    from typing import Self, TypeVar
 
+    T = TypeVar("T")
     Flow = Generator[Step, Outcome, GateDecision]
     Exchange = Callable[[HttpCall], HttpReply | TransportFailure]
 
@@ -98,8 +102,10 @@ def crashed(exc: BaseException) -> GateDecision:
     return _unavailable(f"Signoff gate client error ({type(exc).__name__}: {exc}); denied to be safe")
 
 
-def drive(flow: Flow, exchange: Exchange, sleep: Callable[[float], None] | None = None) -> GateDecision:
-    """Run a flow to its decision, performing each step synchronously."""
+def drive(
+    flow: Generator[Step, Outcome, T], exchange: Exchange, sleep: Callable[[float], None] | None = None
+) -> T:
+    """Run a flow to its outcome, performing each step synchronously."""
     try:
         step = next(flow)
         while True:
@@ -109,8 +115,13 @@ def drive(flow: Flow, exchange: Exchange, sleep: Callable[[float], None] | None 
             else:
                 step = flow.send(exchange(step))
     except StopIteration as stop:
-        decision: GateDecision = stop.value
-        return decision
+        outcome: T = stop.value
+        return outcome
+
+
+def report_crashed(exc: BaseException) -> ReportAnswer:
+    """The answer for a bug while reporting: not delivered, never raised (the call already ran)."""
+    return ReportAnswer(False, f"Signoff report error ({type(exc).__name__}: {exc})")
 
 
 class ClientBase:
@@ -193,6 +204,32 @@ class ClientBase:
                 submit_deadline=settings.submit_deadline,
             )
         return gate_flow(call, settings, time.monotonic, wait=wait, url=self.url)
+
+    def _report_flow(
+        self,
+        tool_name: str,
+        arguments: Mapping[str, Any],
+        result: Any,
+        *,
+        error: str | None,
+        session_id: str | None,
+        tool_call_id: str | None,
+        user_id: str | None,
+        metadata: Mapping[str, Any] | None,
+        idempotency_key: str | None,
+    ) -> Generator[Step, Outcome, ReportAnswer]:
+        body = report_body(
+            tool_name,
+            arguments,
+            result,
+            error=error,
+            session_id=session_id,
+            tool_call_id=tool_call_id,
+            user_id=user_id,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
+        )
+        return report_flow(body, self.settings, time.monotonic)
 
 
 class SyncGateClient(ClientBase):
@@ -282,6 +319,41 @@ class SyncGateClient(ClientBase):
             deadline=deadline,
             poll_timeout=poll_timeout,
         ).raise_for_denial()
+
+    def post_tool_use(
+        self,
+        tool_name: str,
+        arguments: Mapping[str, Any],
+        result: Any,
+        *,
+        error: str | None = None,
+        session_id: str | None = None,
+        tool_call_id: str | None = None,
+        user_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> ReportAnswer:
+        """Report a call that ran (``POST /v1/hooks/post-tool-use``), with the arguments it ran with.
+
+        Send the ``idempotency_key`` the call was allowed under: the report closes that
+        approval. Retries briefly if Signoff is unreachable; never raises (the call has
+        already run), ``delivered=False`` says the report was lost.
+        """
+        try:
+            flow = self._report_flow(
+                tool_name,
+                arguments,
+                result,
+                error=error,
+                session_id=session_id,
+                tool_call_id=tool_call_id,
+                user_id=user_id,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
+            return drive(flow, self._exchange)
+        except Exception as exc:
+            return report_crashed(exc)
 
     def cancel(self, request_id: str) -> GateDecision:
         """Withdraw a pending request (one attempt). Returns its final state as a decision.

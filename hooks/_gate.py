@@ -44,6 +44,7 @@ __all__ = [
     "HttpCall",
     "HttpReply",
     "Pause",
+    "ReportAnswer",
     "ToolCall",
     "TransportFailure",
     "cancel_flow",
@@ -52,6 +53,8 @@ __all__ = [
     "interpret_request",
     "interpret_submit",
     "make_idempotency_key",
+    "report_body",
+    "report_flow",
     "settle_request",
     "transport_failure",
     "unreachable_reason",
@@ -81,6 +84,9 @@ _FAST_PENDING = 1.0
 """A ``/wait`` that answers "pending" faster than this is treated as misbehaving (no hot loop)."""
 
 _SUBMIT_PATH = "/v1/hooks/pre-tool-use"
+_REPORT_PATH = "/v1/hooks/post-tool-use"
+REPORT_DEADLINE = 5.0
+"""Seconds to keep retrying the report of an executed call (then give up; the call already ran)."""
 _TERMINAL = frozenset({"approved", "rejected", "expired", "cancelled"})
 _STATUSES = _TERMINAL | {"pending"}
 _RETRYABLE_4XX = frozenset({408, 425, 429})
@@ -585,6 +591,80 @@ def cancel_flow(request_id: str) -> Generator[Step, Outcome, GateDecision]:
     assert reply is not None
     after = settle_request(reply, request_id=request_id)
     return after if after.failure is None else decision
+
+
+class ReportAnswer(NamedTuple):
+    """Signoff's answer to the report of an executed call (``POST /v1/hooks/post-tool-use``)."""
+
+    delivered: bool
+    """Signoff received the report."""
+    reason: str | None = None
+    """Why it was not delivered, or the reason the server's hooks gave."""
+    modified: bool = False
+    """The server's post-tool-use hooks rewrote the result (``result`` is the rewritten one)."""
+    result: Any = None
+
+
+def report_body(
+    tool_name: str,
+    arguments: Mapping[str, Any],
+    result: Any,
+    *,
+    error: str | None = None,
+    session_id: str | None = None,
+    tool_call_id: str | None = None,
+    user_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+) -> bytes:
+    """The JSON body of ``POST /v1/hooks/post-tool-use`` (raises ``ValueError``/``TypeError``)."""
+    payload: dict[str, Any] = {"tool_name": tool_name, "arguments": dict(arguments), "result": result}
+    optional = {
+        "error": error,
+        "session_id": session_id,
+        "tool_call_id": tool_call_id,
+        "user_id": user_id,
+        "metadata": metadata,
+        "idempotency_key": idempotency_key,
+    }
+    payload.update({name: value for name, value in optional.items() if value is not None})
+    return json.dumps(payload, default=_json_default, allow_nan=False, ensure_ascii=False).encode()
+
+
+def _report_answer(reply: HttpReply) -> ReportAnswer:
+    data = _load_object(reply.body)
+    if data is None or data.get("decision") not in ("allow", "deny"):
+        return ReportAnswer(False, "malformed answer from Signoff to the report")
+    reason = data.get("reason")
+    return ReportAnswer(
+        True, reason if isinstance(reason, str) else None, data.get("modified") is True, data.get("result")
+    )
+
+
+def report_flow(
+    body: bytes, settings: FlowSettings, clock: Callable[[], float], *, deadline: float | None = None
+) -> Generator[Step, Outcome, ReportAnswer]:
+    """Report an executed call, retrying what a restart explains for up to ``deadline`` seconds."""
+    deadline = REPORT_DEADLINE if deadline is None else deadline
+    end = clock() + deadline
+    attempt = 0
+    error = "no attempt"
+    while (remaining := end - clock()) > 0:
+        reply = yield HttpCall("POST", _REPORT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
+        if isinstance(reply, HttpReply) and reply.status == 200:
+            return _report_answer(reply)
+        after = None
+        if isinstance(reply, HttpReply):
+            verdict = _http_error(reply, what="the report")
+            if isinstance(verdict, _Final):
+                return ReportAnswer(False, verdict.decision.reason)
+            assert isinstance(verdict, _Retry)
+            error, after = verdict.error, verdict.after
+        elif isinstance(reply, TransportFailure):
+            error = reply.error
+        attempt += 1
+        yield Pause(min(_backoff(settings, attempt, after), max(0.0, end - clock())))
+    return ReportAnswer(False, f"Signoff did not take the report within {deadline:g}s ({error})")
 
 
 def gate_flow(

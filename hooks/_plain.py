@@ -28,7 +28,7 @@ from signoff.hooks._gate import (
     transport_failure,
 )
 
-__all__ = ["PlainGateClient"]
+__all__ = ["MAX_BODY", "MAX_HEAD", "BadResponse", "PlainGateClient", "parse_head", "request_bytes"]
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
@@ -80,7 +80,12 @@ class _Reader:
 
 
 def _head(reader: _Reader) -> tuple[int, bool, dict[str, str]]:
-    lines = reader.until(b"\r\n\r\n", MAX_HEAD).decode("latin-1").split("\r\n")
+    return parse_head(reader.until(b"\r\n\r\n", MAX_HEAD))
+
+
+def parse_head(raw: bytes) -> tuple[int, bool, dict[str, str]]:
+    """Status, whether HTTP/1.0, and the lower-cased headers of a response head (no blank line)."""
+    lines = raw.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code = rest[:3]
     if not version.startswith("HTTP/1.") or not code.isdigit():
@@ -119,6 +124,19 @@ def _body(reader: _Reader, headers: dict[str, str]) -> bytes:
             raise BadResponse(f"bad Content-Length {length[:20]!r}")
         return reader.exactly(int(length))
     return reader.to_close()
+
+
+def request_bytes(call: HttpCall, prefix: str, host: str, headers: dict[str, str]) -> bytes:
+    """One HTTP/1.1 request, head and body in one piece (one write on the wire)."""
+    target = prefix + call.path
+    if call.params:
+        target += "?" + urlencode(dict(call.params))
+    lines = [f"{call.method} {target} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    body = call.body or b""
+    if call.body is not None or call.method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 class PlainGateClient(SyncGateClient):
@@ -162,15 +180,7 @@ class PlainGateClient(SyncGateClient):
         self._leftover = b""
 
     def _request(self, call: HttpCall) -> bytes:
-        target = self._prefix + call.path
-        if call.params:
-            target += "?" + urlencode(dict(call.params))
-        lines = [f"{call.method} {target} HTTP/1.1", f"Host: {self._host_header}"]
-        lines += [f"{name}: {value}" for name, value in self.call_headers(call).items()]
-        body = call.body or b""
-        if call.body is not None or call.method == "POST":
-            lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        return request_bytes(call, self._prefix, self._host_header, self.call_headers(call))
 
     def _exchange(self, call: HttpCall) -> HttpReply | TransportFailure:
         deadline = time.monotonic() + call.timeout

@@ -47,6 +47,7 @@ from signoff.hooks._base import (
     SyncGateClient,
     crashed,
     parse_retry_after,
+    report_crashed,
 )
 from signoff.hooks._gate import (
     CONNECT_TIMEOUT,
@@ -61,6 +62,7 @@ from signoff.hooks._gate import (
     HttpCall,
     HttpReply,
     Pause,
+    ReportAnswer,
     TransportFailure,
     cancel_flow,
     make_idempotency_key,
@@ -81,11 +83,17 @@ __all__ = [
     "GateFailure",
     "GateTimeout",
     "GateUnavailable",
+    "ReportAnswer",
     "make_idempotency_key",
 ]
 
 if TYPE_CHECKING:
-    from signoff.hooks._base import Flow
+    from collections.abc import Generator
+    from typing import TypeVar
+
+    from signoff.hooks._gate import Outcome, Step
+
+    T = TypeVar("T")
 
 log = logging.getLogger("signoff.client")
 
@@ -283,6 +291,36 @@ class AsyncGateClient(ClientBase):
         )
         return decision.raise_for_denial()
 
+    async def post_tool_use(
+        self,
+        tool_name: str,
+        arguments: Mapping[str, Any],
+        result: Any,
+        *,
+        error: str | None = None,
+        session_id: str | None = None,
+        tool_call_id: str | None = None,
+        user_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> ReportAnswer:
+        """Async :meth:`GateClient.post_tool_use`: never raises; ``delivered=False`` if lost."""
+        try:
+            flow = self._report_flow(
+                tool_name,
+                arguments,
+                result,
+                error=error,
+                session_id=session_id,
+                tool_call_id=tool_call_id,
+                user_id=user_id,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
+            return await self._drive(flow)
+        except Exception as exc:
+            return report_crashed(exc)
+
     async def cancel(self, request_id: str) -> GateDecision:
         """Async :meth:`GateClient.cancel`."""
         try:
@@ -298,7 +336,7 @@ class AsyncGateClient(ClientBase):
         except (httpx.RequestError, TimeoutError) as exc:
             return _failure(exc)
 
-    async def _drive(self, flow: Flow) -> GateDecision:
+    async def _drive(self, flow: Generator[Step, Outcome, T]) -> T:
         try:
             step = next(flow)
             while True:
@@ -308,8 +346,8 @@ class AsyncGateClient(ClientBase):
                 else:
                     step = flow.send(await self._exchange(step))
         except StopIteration as stop:
-            decision: GateDecision = stop.value
-            return decision
+            outcome: T = stop.value
+            return outcome
 
     async def aclose(self) -> None:
         """Close the connection pool."""

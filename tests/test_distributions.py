@@ -85,13 +85,14 @@ def test_signoff_hooks_alone_needs_only_httpx(dist: Path, tmp_path: Path) -> Non
         "from signoff.hooks import HookRegistry, HookContext, Decision\n"
         "import signoff.hooks._plain",
     )
-    for adapter, extra in [
-        ("pydantic_ai", "pydantic-ai"),
-        ("langchain", "langchain"),
-        ("openai_agents", "openai-agents"),
+    for module, extra in [
+        ("signoff.hooks.adapters.pydantic_ai", "pydantic-ai"),
+        ("signoff.hooks.adapters.langchain", "langchain"),
+        ("signoff.hooks.adapters.openai_agents", "openai-agents"),
+        ("signoff.hooks.mcp_proxy._proxy", "mcp"),
     ]:
         missing = subprocess.run(
-            [str(python), "-c", f"import signoff.hooks.adapters.{adapter}"],
+            [str(python), "-c", f"import {module}"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -110,24 +111,38 @@ def test_signoff_hooks_alone_needs_only_httpx(dist: Path, tmp_path: Path) -> Non
     )
     assert hook.returncode == 2
     assert "refused the connection" in hook.stderr
+    proxy = subprocess.run(
+        [str(tmp_path / "agent" / "bin" / "signoff-mcp-proxy"), "--name", "x", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"SIGNOFF_URL": "http://127.0.0.1:9", "SIGNOFF_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+    )
+    assert proxy.returncode == 2
+    assert proxy.stderr.strip().endswith("pip install 'signoff-hooks[mcp]'")
 
 
 @pytest.mark.parametrize(
-    ("extra", "adapter", "framework"),
+    ("extra", "module", "framework"),
     [
-        ("pydantic-ai", "pydantic_ai", "pydantic-ai-slim"),
-        ("langchain", "langchain", "langchain"),
-        ("openai-agents", "openai_agents", "openai-agents"),
+        ("pydantic-ai", "signoff.hooks.adapters.pydantic_ai", "pydantic-ai-slim"),
+        ("langchain", "signoff.hooks.adapters.langchain", "langchain"),
+        ("openai-agents", "signoff.hooks.adapters.openai_agents", "openai-agents"),
+        ("mcp", "signoff.hooks.mcp_proxy._proxy", "mcp"),
     ],
 )
 def test_each_extra_brings_its_runtime(
-    dist: Path, tmp_path: Path, extra: str, adapter: str, framework: str
+    dist: Path, tmp_path: Path, extra: str, module: str, framework: str
 ) -> None:
     python = venv(tmp_path / "agent")
     run(python, "-m", "pip", "install", "--quiet", "--find-links", dist, f"signoff-hooks[{extra}]=={VERSION}")
     assert framework in installed(python)
     assert "signoff" not in installed(python)  # the framework's own dependencies, never the server
-    run(python, "-c", f"import signoff.hooks.adapters.{adapter}")
+    run(python, "-c", f"import {module}")
+    if extra == "mcp":
+        help_text = run(python.with_name("signoff-mcp-proxy"), "--help")
+        assert "mcp__NAME__TOOL" in help_text
 
 
 def test_the_server_wheel_serves_its_migrations_and_console(dist: Path, tmp_path: Path) -> None:

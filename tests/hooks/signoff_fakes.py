@@ -72,6 +72,8 @@ def route_of(request: httpx.Request) -> str:
     path = request.url.path
     if path == "/v1/hooks/pre-tool-use":
         return "submit"
+    if path == "/v1/hooks/post-tool-use":
+        return "report"
     if path.endswith("/wait"):
         return "wait"
     if path.endswith("/cancel"):
@@ -119,17 +121,23 @@ class Scripted:
 
 Policy = Callable[[str, dict[str, Any]], str]
 """``(tool_name, arguments) -> "allow" | "deny" | "gate"``."""
+Rewrite = Callable[[str, dict[str, Any]], dict[str, Any] | None]
+"""``(tool_name, arguments) -> modified_arguments`` for an allowed call (``None``: unchanged)."""
 
 
 class LiveSignoff:
     """A small threaded HTTP server speaking the agent side of the v1 contract."""
 
-    def __init__(self, policy: Policy | None = None, *, key: str = KEY) -> None:
+    def __init__(
+        self, policy: Policy | None = None, *, key: str = KEY, rewrite: Rewrite | None = None
+    ) -> None:
         self.policy: Policy = policy or (lambda tool, args: "gate")
+        self.rewrite = rewrite
         self.key = key
         self.requests: dict[str, dict[str, Any]] = {}
         self.by_key: dict[str, str] = {}
         self.submissions: list[dict[str, Any]] = []
+        self.reports: list[dict[str, Any]] = []
         self.waits = 0
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
@@ -204,10 +212,11 @@ class LiveSignoff:
         with self._cond:
             if isinstance(key, str) and key in self.by_key:
                 req = self.requests[self.by_key[key]]
-                return 200, self._answer(req)
+                return 200, self._rewritten(self._answer(req), tool, args)
             verdict = self.policy(tool, args)
             if verdict != "gate":
-                return 200, {"decision": verdict, "reason": f"policy says {verdict}", "request_id": None}
+                answer = {"decision": verdict, "reason": f"policy says {verdict}", "request_id": None}
+                return 200, self._rewritten(answer, tool, args)
             rid = f"req-{next(self._ids)}"
             req = record(rid, "pending", tool_name=tool, arguments=args)
             self.requests[rid] = req
@@ -215,6 +224,24 @@ class LiveSignoff:
                 self.by_key[key] = rid
             self._cond.notify_all()
             return 200, self._answer(req)
+
+    def _rewritten(self, answer: dict[str, Any], tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        if answer["decision"] == "allow" and self.rewrite is not None:
+            answer["modified_arguments"] = self.rewrite(tool, args)
+        return answer
+
+    def _report(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self._cond:
+            self.reports.append(body)
+            self._cond.notify_all()
+        return 200, {"decision": "allow", "reason": None, "modified": False, "result": body.get("result")}
+
+    def wait_for_reports(self, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Block until ``count`` post-tool-use reports arrived; return them all."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.reports) >= count, timeout):
+                raise AssertionError(f"{len(self.reports)} reports arrived, not {count}")
+            return list(self.reports)
 
     @staticmethod
     def _answer(req: dict[str, Any]) -> dict[str, Any]:
@@ -263,17 +290,19 @@ class LiveSignoff:
                 self.wfile.write(data)
 
             def _route(self) -> tuple[int, dict[str, Any]]:
+                # Read the whole body first, so that a keep-alive connection stays in step.
+                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Authorization") != f"Bearer {live.key}":
                     return 401, {"detail": "bad key"}
                 url = urlsplit(self.path)
                 parts = url.path.strip("/").split("/")
-                if self.command == "POST" and url.path == "/v1/hooks/pre-tool-use":
-                    length = int(self.headers.get("Content-Length", "0"))
+                hooks = {"/v1/hooks/pre-tool-use": live._submit, "/v1/hooks/post-tool-use": live._report}
+                if self.command == "POST" and url.path in hooks:
                     try:
-                        body = json.loads(self.rfile.read(length))
+                        body = json.loads(raw)
                     except ValueError:
                         return 422, {"detail": "bad json"}
-                    return live._submit(body)
+                    return hooks[url.path](body)
                 if len(parts) == 4 and parts[:2] == ["v1", "requests"] and parts[3] == "wait":
                     timeout = float(parse_qs(url.query).get("timeout", ["25"])[0])
                     return live._wait(parts[2], min(timeout, 60))

@@ -14,6 +14,7 @@ import pytest
 
 from signoff.hooks._contract import Decision
 from signoff.hooks._gate import TransportFailure, transport_failure, unreachable_reason
+from signoff.hooks._plain_async import AsyncPlainGateClient
 from signoff.hooks.client import (
     AsyncGateClient,
     GateClient,
@@ -716,3 +717,150 @@ def test_the_client_imports_nothing_but_httpx_and_the_standard_library() -> None
     }
     assert "httpx" in loaded
     assert loaded.isdisjoint(server_side), loaded & server_side
+
+
+# --------------------------------------------------------------------------- post-tool-use reports
+
+Report = Callable[..., Any]
+
+
+@pytest.fixture(params=["sync", "async"])
+def report(request: pytest.FixtureRequest) -> Callable[[Scripted], Report]:
+    """``report(script)(tool, args, result, **kw)`` through either shell."""
+
+    def bind(script: Scripted) -> Report:
+        options = {"url": URL, "api_key": KEY, **FAST}
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            transport = httpx.MockTransport(script)
+            if request.param == "sync":
+                with GateClient(transport=transport, **options) as client:
+                    return client.post_tool_use(*args, **kwargs)
+
+            async def go() -> Any:
+                async with AsyncGateClient(transport=transport, **options) as client:
+                    return await client.post_tool_use(*args, **kwargs)
+
+            return asyncio.run(go())
+
+        return call
+
+    return bind
+
+
+def test_a_report_carries_the_call_its_result_and_its_key(report: Callable[[Scripted], Report]) -> None:
+    answer = {"decision": "allow", "reason": None, "modified": False, "result": "ok"}
+    script = Scripted().on("report", httpx.Response(200, json=answer))
+    sent = report(script)(
+        "pay_invoice", {"amount": 5}, "ok", session_id="s", idempotency_key="k-1", metadata={"runtime": "mcp"}
+    )
+    assert sent.delivered
+    assert not sent.modified
+    (body,) = script.bodies("report")
+    assert body == {
+        "tool_name": "pay_invoice",
+        "arguments": {"amount": 5},
+        "result": "ok",
+        "session_id": "s",
+        "idempotency_key": "k-1",
+        "metadata": {"runtime": "mcp"},
+    }
+
+
+def test_a_rewritten_result_is_handed_back(report: Callable[[Scripted], Report]) -> None:
+    answer = {"decision": "allow", "reason": "truncated", "modified": True, "result": "o…"}
+    sent = report(Scripted().on("report", httpx.Response(200, json=answer)))("t", {}, "ok" * 100)
+    assert (sent.delivered, sent.modified, sent.result, sent.reason) == (True, True, "o…", "truncated")
+
+
+def test_a_report_rides_out_a_restart(report: Callable[[Scripted], Report]) -> None:
+    answer = {"decision": "allow", "modified": False, "result": None}
+    script = Scripted().on(
+        "report", httpx.ConnectError("refused"), httpx.Response(503), httpx.Response(200, json=answer)
+    )
+    assert report(script)("t", {}, None, idempotency_key="same").delivered
+    assert [b["idempotency_key"] for b in script.bodies("report")] == ["same"] * 3
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (httpx.Response(401, json={"detail": "bad key"}), "refused the API key"),
+        (httpx.Response(200, content=b"<html>"), "malformed answer"),
+        (httpx.ConnectError("refused"), "did not take the report"),
+    ],
+)
+def test_a_lost_report_says_why_and_never_raises(
+    report: Callable[[Scripted], Report],
+    reply: httpx.Response | Exception,
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("signoff.hooks._gate.REPORT_DEADLINE", 0.2)
+    sent = report(Scripted().on("report", reply))("t", {}, None)
+    assert not sent.delivered
+    assert says in (sent.reason or "")
+
+
+def test_a_report_that_cannot_be_encoded_is_lost_not_raised(report: Callable[[Scripted], Report]) -> None:
+    sent = report(Scripted())("t", {}, float("nan"))
+    assert not sent.delivered
+    assert "ValueError" in (sent.reason or "")
+
+
+# --------------------------------------------------------------------------- the asyncio plain shell
+
+
+async def test_plain_async_approve_after_a_restart_during_the_wait(live: LiveSignoff) -> None:
+    """As the httpx client does: re-attach across a restart, on fresh connections."""
+    async with AsyncPlainGateClient(
+        live.url, KEY, poll_timeout=5, backoff_initial=0.05, backoff_max=0.2, deadline=20
+    ) as client:
+        task = asyncio.create_task(
+            client.pre_tool_use("pay_invoice", {"amount": 9}, session_id="s", tool_call_id="c")
+        )
+        rid = await asyncio.to_thread(live.wait_for_request)
+        await asyncio.sleep(0.2)  # the client is inside a long-poll now
+        await asyncio.to_thread(live.stop)
+        await asyncio.sleep(0.3)  # the client sees refused connections
+        live.start()
+        live.decide(rid, "approved", name="Carol")
+        decision = await asyncio.wait_for(task, 10)
+    assert decision.allowed
+    assert decision.reason == "Approved by Carol (slack)"
+    assert live.waits >= 2
+    assert len(live.submissions) == 1
+
+
+async def test_plain_async_concurrent_calls_and_reports(live: LiveSignoff) -> None:
+    live.policy = lambda tool, args: "allow"
+    async with AsyncPlainGateClient(live.url, KEY) as client:
+        decisions = await asyncio.gather(*(client.pre_tool_use("t", {"i": i}) for i in range(12)))
+        answers = await asyncio.gather(*(client.post_tool_use("t", {"i": i}, i) for i in range(12)))
+    assert all(d.allowed for d in decisions)
+    assert all(a.delivered for a in answers)
+    assert sorted(s["arguments"]["i"] for s in live.submissions) == list(range(12))
+    assert sorted(r["result"] for r in live.reports) == list(range(12))
+
+
+async def test_plain_async_down_and_bad_key_deny(live: LiveSignoff) -> None:
+    async with AsyncPlainGateClient(live.url, "sk-wrong") as client:
+        refused = await client.pre_tool_use("t", {})
+    assert refused.failure is GateFailure.UNAVAILABLE
+    assert "401" in (refused.reason or "")
+    url = live.url
+    live.stop()
+    async with AsyncPlainGateClient(url, KEY, submit_deadline=0.5, **FAST) as client:
+        down = await client.pre_tool_use("t", {})
+    assert down.failure is GateFailure.UNAVAILABLE
+    assert "refused the connection" in (down.reason or "")
+
+
+async def test_plain_async_leaves_https_to_httpx() -> None:
+    fake = Scripted().on("submit", submitted("allow"))
+    async with AsyncPlainGateClient("https://signoff.test", KEY) as client:
+        await client._http.aclose()
+        client._http = httpx.AsyncClient(transport=httpx.MockTransport(fake))
+        decision = await client.pre_tool_use("t", {})
+    assert decision.allowed
+    assert fake.requests[0].url == "https://signoff.test/v1/hooks/pre-tool-use"

@@ -1,12 +1,15 @@
-"""The plain-socket shell the Claude Code hook uses, against a raw loopback server that answers
-with exactly the bytes each test scripts (split, chunked, slow, broken)."""
+"""The plain HTTP shells, against a raw loopback server that answers with exactly the bytes each
+test scripts (split, chunked, slow, broken): the socket one the Claude Code hook uses, and the
+asyncio one the MCP proxy uses."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 
 from signoff.hooks._gate import HttpCall, HttpReply, TransportFailure
 from signoff.hooks._plain import PlainGateClient
+from signoff.hooks._plain_async import AsyncPlainGateClient
 
 
 class Raw:
@@ -24,6 +28,8 @@ class Raw:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/base"
         self.answers: list[list[bytes]] = []
         self.pause = 0.0
+        self.hang_up = False
+        """Close each connection after one answer, as a server whose keep-alive timed out."""
         self.requests: list[bytes] = []
         self.connections = 0
         self._stop = False
@@ -72,6 +78,9 @@ class Raw:
                             time.sleep(self.pause)
                     if not pieces:
                         return  # close without answering
+                    answer = b"".join(pieces)
+                    if answer.startswith(b"HTTP/1.0") or b"Connection: close" in answer or self.hang_up:
+                        return  # a body read to the close ends with the connection
                 except OSError:
                     return
 
@@ -88,17 +97,40 @@ def raw() -> Iterator[Raw]:
     server.close()
 
 
-def client(url: str) -> PlainGateClient:
-    return PlainGateClient(url, "key-1", backoff_initial=0.01, backoff_max=0.02)
+Exchange = Callable[[HttpCall], HttpReply | TransportFailure]
+Connect = Callable[[str], AbstractContextManager[Exchange]]
+
+
+@contextmanager
+def sync_shell(url: str) -> Iterator[Exchange]:
+    with PlainGateClient(url, "key-1", backoff_initial=0.01, backoff_max=0.02) as c:
+        yield c._exchange
+
+
+@contextmanager
+def async_shell(url: str) -> Iterator[Exchange]:
+    """The asyncio shell, each exchange run to its end on one event loop (connections kept)."""
+    loop = asyncio.new_event_loop()
+    c = AsyncPlainGateClient(url, "key-1", backoff_initial=0.01, backoff_max=0.02)
+    try:
+        yield lambda call: loop.run_until_complete(c._exchange(call))
+    finally:
+        loop.run_until_complete(c.aclose())
+        loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def client(request: pytest.FixtureRequest) -> Connect:
+    return sync_shell if request.param == "sync" else async_shell
 
 
 POST = HttpCall("POST", "/v1/hooks/pre-tool-use", 5.0, body=b'{"tool_name": "t"}')
 
 
-def test_a_request_carries_the_key_the_body_and_the_path_prefix(raw: Raw) -> None:
+def test_a_request_carries_the_key_the_body_and_the_path_prefix(raw: Raw, client: Connect) -> None:
     raw.answers = [[b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]]
-    with client(raw.url) as c:
-        reply = c._exchange(POST)
+    with client(raw.url) as exchange:
+        reply = exchange(POST)
     assert reply == HttpReply(200, b"{}", None)
     head = raw.requests[0].decode()
     assert head.startswith("POST /base/v1/hooks/pre-tool-use HTTP/1.1\r\n")
@@ -107,11 +139,11 @@ def test_a_request_carries_the_key_the_body_and_the_path_prefix(raw: Raw) -> Non
     assert raw.requests[0].endswith(b'\r\n\r\n{"tool_name": "t"}')
 
 
-def test_one_connection_is_kept_for_the_calls_that_follow(raw: Raw) -> None:
+def test_one_connection_is_kept_for_the_calls_that_follow(raw: Raw, client: Connect) -> None:
     answer = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]
     raw.answers = [answer, answer, answer]
-    with client(raw.url) as c:
-        replies = [c._exchange(POST) for _ in range(3)]
+    with client(raw.url) as exchange:
+        replies = [exchange(POST) for _ in range(3)]
     assert all(r == HttpReply(200, b"{}", None) for r in replies)
     assert raw.connections == 1
 
@@ -124,20 +156,32 @@ def test_one_connection_is_kept_for_the_calls_that_follow(raw: Raw) -> None:
     ],
     ids=["connection-close", "http-1.0"],
 )
-def test_a_response_read_to_the_close(raw: Raw, answer: bytes) -> None:
+def test_a_response_read_to_the_close(raw: Raw, client: Connect, answer: bytes) -> None:
     raw.answers = [[answer], [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]"]]
-    with client(raw.url) as c:
-        assert c._exchange(POST) == HttpReply(200, b"{}", None)
-        assert c._exchange(POST) == HttpReply(200, b"[]", None)
+    with client(raw.url) as exchange:
+        assert exchange(POST) == HttpReply(200, b"{}", None)
+        assert exchange(POST) == HttpReply(200, b"[]", None)
     assert raw.connections == 2
 
 
-def test_retry_after_and_an_interim_answer(raw: Raw) -> None:
+@pytest.mark.parametrize("settle", [0.05, 0.0], ids=["closed-while-idle", "closing-as-reused"])
+def test_a_kept_connection_the_server_closed_is_replaced_at_once(raw: Raw, settle: float) -> None:
+    raw.hang_up = True
+    answer = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]
+    raw.answers = [answer, answer, answer]
+    with async_shell(raw.url) as exchange:
+        for _ in range(3):
+            assert exchange(POST) == HttpReply(200, b"{}", None)
+            time.sleep(settle)
+    assert raw.connections == 3
+
+
+def test_retry_after_and_an_interim_answer(raw: Raw, client: Connect) -> None:
     raw.answers = [
         [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Busy\r\nRetry-After: 7\r\nContent-Length: 0\r\n\r\n"]
     ]
-    with client(raw.url) as c:
-        assert c._exchange(POST) == HttpReply(503, b"", 7.0)
+    with client(raw.url) as exchange:
+        assert exchange(POST) == HttpReply(503, b"", 7.0)
 
 
 @pytest.mark.parametrize(
@@ -153,30 +197,30 @@ def test_retry_after_and_an_interim_answer(raw: Raw) -> None:
     ],
     ids=["closed", "short-body", "not-http", "bad-header", "bad-length", "bad-chunk", "huge-head"],
 )
-def test_broken_answers_are_transport_failures(raw: Raw, answer: list[bytes]) -> None:
+def test_broken_answers_are_transport_failures(raw: Raw, client: Connect, answer: list[bytes]) -> None:
     raw.answers = [answer]
-    with client(raw.url) as c:
-        reply = c._exchange(POST)
+    with client(raw.url) as exchange:
+        reply = exchange(POST)
     assert isinstance(reply, TransportFailure)
 
 
-def test_an_exchange_is_bounded_as_a_whole(raw: Raw) -> None:
+def test_an_exchange_is_bounded_as_a_whole(raw: Raw, client: Connect) -> None:
     raw.answers = [[bytes([b]) for b in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]]
     raw.pause = 0.1  # every byte within a socket timeout, the whole far beyond the exchange's
     started = time.monotonic()
-    with client(raw.url) as c:
-        reply = c._exchange(HttpCall("GET", "/v1/requests/r/wait", 1.0))
+    with client(raw.url) as exchange:
+        reply = exchange(HttpCall("GET", "/v1/requests/r/wait", 1.0))
     assert isinstance(reply, TransportFailure)
     assert reply.kind == "timeout"
     assert time.monotonic() - started < 2.0
 
 
-def test_nothing_listening_is_refused() -> None:
+def test_nothing_listening_is_refused(client: Connect) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with client(f"http://127.0.0.1:{port}") as c:
-        reply = c._exchange(POST)
+    with client(f"http://127.0.0.1:{port}") as exchange:
+        reply = exchange(POST)
     assert isinstance(reply, TransportFailure)
     assert reply.kind == "refused"
 
@@ -202,7 +246,7 @@ def encode_chunked(body: bytes, sizes: list[int]) -> bytes:
     cuts=st.lists(st.integers(1, 4000), max_size=6),
 )
 def test_any_framing_and_any_split_gives_the_same_body(
-    raw: Raw, body: bytes, chunked: bool, sizes: list[int], cuts: list[int]
+    raw: Raw, client: Connect, body: bytes, chunked: bool, sizes: list[int], cuts: list[int]
 ) -> None:
     if chunked:
         wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + encode_chunked(body, sizes)
@@ -211,6 +255,6 @@ def test_any_framing_and_any_split_gives_the_same_body(
     points = sorted({c for c in cuts if c < len(wire)})
     pieces = [wire[a:b] for a, b in zip([0, *points], [*points, len(wire)], strict=True)]
     raw.answers = [pieces, [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]]
-    with client(raw.url) as c:
-        assert c._exchange(POST) == HttpReply(200, body, None)
-        assert c._exchange(POST) == HttpReply(200, b"ok", None), "the next answer on the same connection"
+    with client(raw.url) as exchange:
+        assert exchange(POST) == HttpReply(200, body, None)
+        assert exchange(POST) == HttpReply(200, b"ok", None), "the next answer on the same connection"

@@ -1,0 +1,125 @@
+"""The proxy's decisions about one ``tools/call``, without I/O: names, keys and the words sent back.
+
+Nothing here imports the MCP SDK, so it is tested on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+__all__ = [
+    "NAME_PATTERN",
+    "CallLedger",
+    "Claim",
+    "canonical_arguments",
+    "denied_text",
+    "gated_tool_name",
+    "report_result",
+    "unavailable_text",
+    "waiting_text",
+]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What ``--name`` may be: the ``<NAME>`` of ``mcp__<NAME>__<tool>``, as Claude Code spells servers."""
+
+MAX_REPORTED_RESULT = 256 * 1024
+"""Bytes of a tool result (as JSON) sent with the report; a larger one is summarised."""
+
+
+def gated_tool_name(server: str, tool: str) -> str:
+    """``mcp__<server>__<tool>``: the name Signoff's gates see (Claude Code's own naming)."""
+    return f"mcp__{server}__{tool}"
+
+
+def canonical_arguments(arguments: Mapping[str, Any]) -> str:
+    """The arguments as sorted-key compact JSON, the form a call's identity is computed from."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+class Claim(NamedTuple):
+    """The idempotency key one ``tools/call`` asks Signoff under."""
+
+    call: str
+    """The call's identity: a hash of server, tool, canonical arguments and client session."""
+    key: str
+
+
+class CallLedger:
+    """Which idempotency key each ``tools/call`` uses, so that a retry re-attaches and a new call asks anew.
+
+    A call's identity is a hash of the proxy's name, the tool, its canonical arguments
+    and the client's session (and this proxy process, so that no earlier run's decision
+    is ever replayed). A call left undecided (still pending after ``--hold``, Signoff
+    unreachable, the client gave up) is *parked*: the next call with the same identity
+    takes over its key, so Signoff answers about the same request instead of asking
+    the approvers again. A call that ran, or that Signoff refused, is simply not
+    parked: its key is spent, and the next identical call is a new call with a new key
+    that needs its own approval. Concurrent identical calls each get a key of their own.
+    """
+
+    def __init__(self, server: str, run: str, *, limit: int = 10_000) -> None:
+        self.server = server
+        self.run = run
+        self.limit = limit
+        self._parked: OrderedDict[str, list[str]] = OrderedDict()
+        self._serial = itertools.count(1)
+
+    def identity(self, tool: str, arguments: Mapping[str, Any], session: str | None) -> str:
+        material = json.dumps([self.server, tool, canonical_arguments(arguments), session, self.run])
+        return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+    def claim(self, tool: str, arguments: Mapping[str, Any], session: str | None) -> Claim:
+        """The key for this call: a parked one of the same identity, else a new one."""
+        call = self.identity(tool, arguments, session)
+        parked = self._parked.get(call)
+        if parked:
+            key = parked.pop(0)
+            if not parked:
+                del self._parked[call]
+            return Claim(call, key)
+        return Claim(call, f"mcp:{self.server}:{call}:{next(self._serial)}")
+
+    def park(self, claim: Claim) -> None:
+        """The call ended undecided: its retry re-attaches to the same request."""
+        self._parked.setdefault(claim.call, []).append(claim.key)
+        self._parked.move_to_end(claim.call)
+        while len(self._parked) > self.limit:
+            self._parked.popitem(last=False)
+
+    @property
+    def parked(self) -> int:
+        return sum(len(keys) for keys in self._parked.values())
+
+
+def denied_text(tool: str, reason: str | None) -> str:
+    return f"Signoff denied {tool}: {reason or 'denied by policy'}. The tool was not run."
+
+
+def waiting_text(tool: str, request_id: str | None, held: float) -> str:
+    request = f"Signoff request {request_id}" if request_id else "a Signoff request"
+    return (
+        f"{tool} is waiting for approval ({request}); no one has decided within {held:g}s and the tool "
+        "has not run. Call it again with the same arguments to keep waiting: the retry re-attaches to "
+        "the same request instead of asking again."
+    )
+
+
+def unavailable_text(tool: str, reason: str | None) -> str:
+    return (
+        f"{tool} was not run: Signoff could not confirm it ({reason or 'no answer'}). "
+        "The call was not forwarded to the server."
+    )
+
+
+def report_result(result: Mapping[str, Any]) -> Any:
+    """The tool result as reported to Signoff: as is, or summarised when it is very large."""
+    size = len(canonical_arguments(result).encode())
+    if size <= MAX_REPORTED_RESULT:
+        return dict(result)
+    return {"truncated": True, "bytes": size, "isError": bool(result.get("isError"))}

@@ -1,0 +1,690 @@
+"""``signoff-mcp-proxy`` as a client runs it, against real MCP SDK servers and a running Signoff.
+
+The client is the ``mcp`` SDK's own, over stdio (the proxy as a subprocess, as Claude
+Code and Cursor start it) or streamable HTTP (``--listen``); the upstream is a real SDK
+server (``tests.hooks.mcp_upstream``) over stdio or streamable HTTP; Signoff is the
+real server (the ``server`` fixture, SQLite), with a gate on ``mcp__up__pay_*``, or the
+fake of ``signoff_fakes`` where the real server cannot produce an answer (rewritten
+arguments, a malformed answer) or where the reports of executed calls are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    CallToolResult,
+    LoggingMessageNotificationParams,
+    PromptReference,
+    ResourceUpdatedNotification,
+    RootsListChangedNotification,
+    TextContent,
+    ToolListChangedNotification,
+)
+
+from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.runtime import Runtime
+from signoff.channels import Verdict
+from tests.conftest import DEFAULT_CONFIG, Server, _truncate, free_port
+from tests.hooks.signoff_fakes import KEY, LiveSignoff
+from tests.hooks.test_client_server import admin_client, pending_ids, vote
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM = [sys.executable, "-m", "tests.hooks.mcp_upstream"]
+PROXY = [sys.executable, "-m", "signoff.hooks.mcp_proxy"]
+BIG = {"invoice_id": "inv-1", "amount": 90_000}
+
+GATE = {
+    "type": "confirmation_gate",
+    "name": "mcp payments",
+    "tools": ["mcp__up__pay_*"],
+    "when": "has(args.amount) && args.amount >= 50000",
+    "channel": "chat",
+    "approvers": ["alice", "bob"],
+    "quorum": 1,
+    "timeout": "30m",
+}
+
+
+@pytest.fixture
+def db_url(sqlite_url: str) -> str:
+    """The proxy does not care which database Signoff runs on: SQLite only."""
+    _truncate(sqlite_url)
+    return sqlite_url
+
+
+@pytest.fixture
+def config() -> SignoffConfig:
+    agents = {"finance-bot": {"hooks": [GATE]}}
+    return parse_config({**DEFAULT_CONFIG, "agents": agents}, source="test.yaml")
+
+
+@pytest.fixture
+def calls(tmp_path: Path) -> Callable[[], list[dict[str, Any]]]:
+    """The tool calls that reached the upstream server, in order."""
+    log = tmp_path / "calls.jsonl"
+
+    def read() -> list[dict[str, Any]]:
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    return read
+
+
+def proxy_env(url: str, key: str, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "SIGNOFF_URL": url, "SIGNOFF_API_KEY": key, "PYTHONPATH": str(REPO), **extra}
+    env.pop("SIGNOFF_SUBMIT_DEADLINE", None)
+    return env
+
+
+def proxy_args(tmp_path: Path, *options: str, upstream: list[str] | None = None) -> list[str]:
+    log = ["--log", str(tmp_path / "calls.jsonl"), "--pid-file", str(tmp_path / "upstream.pid")]
+    return ["--name", "up", *options, "--", *(upstream or [*UPSTREAM, *log])]
+
+
+@asynccontextmanager
+async def proxied(
+    tmp_path: Path,
+    url: str,
+    key: str,
+    *options: str,
+    mode: str = "legacy",
+    **client: Any,
+) -> AsyncIterator[Client]:
+    """The SDK's client, over stdio, to the proxy in front of the test upstream."""
+    params = StdioServerParameters(
+        command=PROXY[0],
+        args=[*PROXY[1:], *proxy_args(tmp_path, *options)],
+        env=proxy_env(url, key),
+        cwd=str(REPO),
+    )
+    with (tmp_path / "proxy.err").open("a") as errlog:
+        async with Client(stdio_client(params, errlog=errlog), mode=mode, cache=None, **client) as c:
+            yield c
+
+
+@asynccontextmanager
+async def direct(tmp_path: Path, mode: str = "legacy") -> AsyncIterator[Client]:
+    """The same client straight to the test upstream."""
+    params = StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:], cwd=str(REPO))
+    async with Client(params, mode=mode, cache=None) as c:
+        yield c
+
+
+def text(result: CallToolResult) -> str:
+    (block,) = result.content
+    assert isinstance(block, TextContent)
+    return block.text
+
+
+def dump(model: Any) -> Any:
+    return model.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+# --------------------------------------------------------------------------- pass-through
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_everything_but_gating_passes_through_unchanged(
+    server: Server, agent_key: str, tmp_path: Path, mode: str, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    async with direct(tmp_path, mode) as plain, proxied(tmp_path, server.url, agent_key, mode=mode) as gated:
+        assert gated.protocol_version == plain.protocol_version
+        assert gated.server_info == plain.server_info
+        assert gated.instructions == plain.instructions
+        assert dump(await gated.list_tools()) == dump(await plain.list_tools())
+        for client in (plain, gated):
+            assert (await client.list_tools()).tools[0].annotations is not None
+        ungated = {"text": "hello", "times": 2}
+        assert dump(await gated.call_tool("echo", ungated)) == dump(await plain.call_tool("echo", ungated))
+        small = {"invoice_id": "inv-2", "amount": 10}
+        assert dump(await gated.call_tool("pay_invoice", small)) == dump(
+            await plain.call_tool("pay_invoice", small)
+        )
+        assert dump(await gated.list_resources()) == dump(await plain.list_resources())
+        assert dump(await gated.list_resource_templates()) == dump(await plain.list_resource_templates())
+        for uri in ("note://today", "note://monday"):
+            assert dump(await gated.read_resource(uri)) == dump(await plain.read_resource(uri))
+        assert dump(await gated.list_prompts()) == dump(await plain.list_prompts())
+        prompt = {"code": "x = 1", "style": "long"}
+        assert dump(await gated.get_prompt("review", prompt)) == dump(
+            await plain.get_prompt("review", prompt)
+        )
+        ref = PromptReference(type="ref/prompt", name="review")
+        argument = {"name": "style", "value": "s"}
+        assert dump(await gated.complete(ref, argument)) == dump(await plain.complete(ref, argument))
+        with pytest.raises(MCPError) as from_proxy:
+            await gated.read_resource("nowhere://x")
+        with pytest.raises(MCPError) as from_upstream:
+            await plain.read_resource("nowhere://x")
+        assert from_proxy.value.error == from_upstream.value.error
+    assert [c["tool"] for c in calls()] == ["echo", "pay_invoice"]
+
+
+async def test_notifications_pass_through_both_ways(
+    server: Server, agent_key: str, tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    progress: list[tuple[float, float | None, str | None]] = []
+    logged: list[LoggingMessageNotificationParams] = []
+    received: list[Any] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async def on_log(params: LoggingMessageNotificationParams) -> None:
+        logged.append(params)
+
+    async def on_message(message: Any) -> None:
+        received.append(message)
+
+    async with proxied(
+        tmp_path, server.url, agent_key, logging_callback=on_log, message_handler=on_message
+    ) as client:
+        result = await client.call_tool("slow", {"steps": 3}, progress_callback=on_progress)
+        assert text(result) == "done in 3 steps"
+        assert progress == [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
+        await client.call_tool("notify", {})
+        await client.session.send_notification(RootsListChangedNotification())
+        for _ in range(100):
+            kinds = {type(m) for m in received}
+            relayed = any(c["tool"] == "notifications/roots/list_changed" for c in calls())
+            if {ToolListChangedNotification, ResourceUpdatedNotification} <= kinds and relayed:
+                break
+            await asyncio.sleep(0.02)
+    assert [(m.level, m.data) for m in logged] == [("info", f"step {i} of 3") for i in (1, 2, 3)]
+    updated = [m for m in received if isinstance(m, ResourceUpdatedNotification)]
+    assert [m.params.uri for m in updated] == ["note://today"]
+    assert any(isinstance(m, ToolListChangedNotification) for m in received)
+    assert calls()[-1] == {"tool": "notifications/roots/list_changed", "arguments": {}}
+
+
+async def test_a_call_the_client_cancels_is_cancelled_upstream(
+    server: Server, agent_key: str, tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    started = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        started.set()
+
+    async with proxied(tmp_path, server.url, agent_key) as client:
+        call = asyncio.create_task(client.call_tool("slow", {"steps": 3000}, progress_callback=on_progress))
+        await asyncio.wait_for(started.wait(), 20)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        for _ in range(200):
+            if any(c["tool"] == "slow cancelled" for c in calls()):
+                break
+            await asyncio.sleep(0.02)
+        assert text(await client.call_tool("echo", {"text": "still here"})) != ""
+    assert [c["tool"] for c in calls()] == ["slow", "slow cancelled", "echo"]
+
+
+async def test_a_2026_client_gets_progress_and_opted_in_logs(
+    server: Server, agent_key: str, tmp_path: Path
+) -> None:
+    progress: list[float] = []
+    logged: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    async def on_log(params: LoggingMessageNotificationParams) -> None:
+        logged.append(str(params.data))
+
+    async with proxied(
+        tmp_path, server.url, agent_key, mode="auto", logging_callback=on_log, log_level="info"
+    ) as client:
+        assert client.protocol_version == "2026-07-28"
+        await client.call_tool("slow", {"steps": 2}, progress_callback=on_progress)
+    assert progress == [1.0, 2.0]
+    assert logged == ["step 1 of 2", "step 2 of 2"]
+
+
+# --------------------------------------------------------------------------- gating
+
+
+async def test_a_gated_call_is_held_then_forwarded_once_approved(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "20") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        call = asyncio.create_task(client.call_tool("pay_invoice", BIG, progress_callback=on_progress))
+        (rid,) = await pending_ids(runtime, admin)
+        request = (await admin.get(f"/v1/admin/requests/{rid}")).json()
+        assert request["tool_name"] == "mcp__up__pay_invoice"
+        assert request["arguments"] == BIG
+        assert calls() == [], "nothing runs before the approval"
+        await vote(runtime, rid, Verdict.APPROVE, "bob")
+        result = await asyncio.wait_for(call, 15)
+    assert not result.is_error
+    assert text(result) == "paid inv-1: 90000"
+    assert calls() == [{"tool": "pay_invoice", "arguments": {**BIG, "memo": ""}}]
+    assert progress, "the client was told the call waits"
+    assert progress[0][1] == 20
+    assert f"request {rid}" in str(progress[0][2])
+
+
+async def test_a_rejected_call_is_an_error_with_the_reason(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "20") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        call = asyncio.create_task(client.call_tool("pay_invoice", BIG))
+        (rid,) = await pending_ids(runtime, admin)
+        await vote(runtime, rid, Verdict.REJECT, "alice", reason="not this quarter")
+        result = await asyncio.wait_for(call, 15)
+    assert result.is_error
+    assert text(result) == (
+        "Signoff denied mcp__up__pay_invoice: Rejected by Alice (web): not this quarter. "
+        "The tool was not run."
+    )
+    assert result.meta == {"signoff/decision": "deny", "signoff/request_id": rid}
+    assert calls() == []
+
+
+async def test_a_call_held_past_hold_waits_and_its_retry_reattaches(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        first = await client.call_tool("pay_invoice", BIG)
+        (rid,) = await pending_ids(runtime, admin)
+        assert first.is_error
+        assert first.meta == {"signoff/decision": "pending", "signoff/request_id": rid}
+        assert f"waiting for approval (Signoff request {rid})" in text(first)
+        assert "Call it again with the same arguments to keep waiting" in text(first)
+
+        again = await client.call_tool("pay_invoice", {"amount": 90_000, "invoice_id": "inv-1"})
+        assert again.meta == {"signoff/decision": "pending", "signoff/request_id": rid}
+        assert len((await admin.get("/v1/admin/requests")).json()) == 1, "the retry did not ask again"
+
+        await vote(runtime, rid, Verdict.APPROVE, "alice")
+        approved = await client.call_tool("pay_invoice", BIG)
+        assert text(approved) == "paid inv-1: 90000"
+        assert len(calls()) == 1
+
+        # The approval covered that call; the same call again is a new one.
+        later = await client.call_tool("pay_invoice", BIG)
+        assert later.meta is not None
+        assert later.meta["signoff/decision"] == "pending"
+        assert later.meta["signoff/request_id"] != rid
+    assert len(calls()) == 1
+
+
+async def test_a_call_the_client_gives_up_on_is_reattached_by_its_retry(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "30") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        call = asyncio.create_task(client.call_tool("pay_invoice", BIG))
+        (rid,) = await pending_ids(runtime, admin)
+        call.cancel()  # the client sends notifications/cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert calls() == []
+        await vote(runtime, rid, Verdict.APPROVE, "bob")
+        retry = await client.call_tool("pay_invoice", BIG)
+        assert len((await admin.get("/v1/admin/requests")).json()) == 1, "the retry asked nobody again"
+    assert text(retry) == "paid inv-1: 90000"
+    assert len(calls()) == 1
+
+
+async def test_the_upstream_never_holds_the_agents_signoff_key(
+    server: Server, agent_key: str, tmp_path: Path
+) -> None:
+    async with proxied(tmp_path, server.url, agent_key) as client:
+        key = await client.call_tool("environ", {"name": "SIGNOFF_API_KEY"})
+        url = await client.call_tool("environ", {"name": "SIGNOFF_URL"})
+    assert text(key) == ""
+    assert text(url) == server.url, "the rest of the environment is inherited"
+
+
+async def test_a_2026_client_is_gated_the_same_way(
+    server: Server, agent_key: str, runtime: Runtime, admin_headers: dict[str, str], tmp_path: Path
+) -> None:
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "0.5", mode="auto") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        assert client.protocol_version == "2026-07-28"
+        waiting = await client.call_tool("pay_invoice", BIG)
+        (rid,) = await pending_ids(runtime, admin)
+        assert waiting.is_error
+        assert waiting.meta is not None
+        assert waiting.meta["signoff/request_id"] == rid
+        await vote(runtime, rid, Verdict.APPROVE, "alice")
+        assert text(await client.call_tool("pay_invoice", BIG)) == "paid inv-1: 90000"
+
+
+# --------------------------------------------------------------------------- the fake Signoff
+
+
+@contextmanager
+def fake_signoff(**kw: Any) -> Iterator[LiveSignoff]:
+    live = LiveSignoff(**kw).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def gate_payments(tool: str, arguments: dict[str, Any]) -> str:
+    return "gate" if tool.startswith("mcp__up__pay_") else "allow"
+
+
+async def test_approved_edits_are_what_runs_and_what_is_reported(
+    tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    def halve(tool: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+        return {**arguments, "amount": arguments["amount"] // 2} if "amount" in arguments else None
+
+    with fake_signoff(policy=lambda tool, args: "allow", rewrite=halve) as live:
+        async with proxied(tmp_path, live.url, KEY) as client:
+            result = await client.call_tool("pay_invoice", {"invoice_id": "inv-9", "amount": 100})
+            echoed = await client.call_tool("echo", {"text": "as is"})
+        reports = live.wait_for_reports(2)
+    assert text(result) == "paid inv-9: 50"
+    assert calls()[0] == {
+        "tool": "pay_invoice",
+        "arguments": {"invoice_id": "inv-9", "amount": 50, "memo": ""},
+    }
+    assert echoed.structured_content == {"text": "as is", "times": 1}
+    (submitted, _) = live.submissions
+    (paid,) = [r for r in reports if r["tool_name"] == "mcp__up__pay_invoice"]
+    assert paid["arguments"] == {"invoice_id": "inv-9", "amount": 50}
+    assert paid["idempotency_key"] == submitted["idempotency_key"]
+    assert paid["session_id"] == submitted["session_id"]
+    assert paid["result"]["content"] == [{"type": "text", "text": "paid inv-9: 50"}]
+
+
+async def test_every_executed_call_is_reported_with_its_key(tmp_path: Path) -> None:
+    with fake_signoff(policy=gate_payments) as live:
+        async with proxied(tmp_path, live.url, KEY, "--hold", "5") as client:
+            await client.call_tool("echo", {"text": "one"})
+            call = asyncio.create_task(client.call_tool("pay_invoice", {"invoice_id": "i", "amount": 1}))
+            rid = await asyncio.to_thread(live.wait_for_request)
+            live.decide(rid, "approved")
+            await call
+            await client.call_tool("crash_not_a_tool", {})
+        reports = live.wait_for_reports(3)
+    keys = {s["tool_name"]: s["idempotency_key"] for s in live.submissions}
+    assert [r["tool_name"] for r in reports] == [
+        "mcp__up__echo",
+        "mcp__up__pay_invoice",
+        "mcp__up__crash_not_a_tool",
+    ]
+    assert all(r["idempotency_key"] == keys[r["tool_name"]] for r in reports)
+    assert reports[2]["error"] == "the tool answered isError"
+    assert {r["metadata"]["runtime"] for r in reports} == {"mcp"}
+
+
+async def test_a_malformed_answer_from_signoff_is_not_forwarded(
+    tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    with fake_signoff(policy=lambda tool, args: "perhaps") as live:
+        async with proxied(tmp_path, live.url, KEY) as client:
+            result = await client.call_tool("echo", {"text": "hi"})
+    assert result.is_error
+    assert "malformed answer from Signoff" in text(result)
+    assert "not forwarded" in text(result)
+    assert calls() == []
+
+
+async def test_signoff_down_means_nothing_is_forwarded(
+    tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    async with proxied(tmp_path, nowhere, KEY, "--submit-deadline", "0.5") as client:
+        assert [t.name for t in (await client.list_tools()).tools][:2] == ["echo", "pay_invoice"]
+        result = await client.call_tool("echo", {"text": "hi"})
+    assert result.is_error
+    assert result.meta == {"signoff/decision": "unavailable"}
+    assert "refused the connection" in text(result)
+    assert "was not run" in text(result)
+    assert calls() == []
+    assert time.monotonic() - started < 20
+
+
+# --------------------------------------------------------------------------- streamable HTTP
+
+
+@contextmanager
+def process(
+    args: list[str], env: dict[str, str] | None = None, **kw: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    with subprocess.Popen(args, cwd=REPO, env=env, **kw) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited with {proc.returncode} before listening on {port}"
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@contextmanager
+def http_upstream(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    log = ["--log", str(tmp_path / "calls.jsonl")]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    with process([*UPSTREAM, "--http", str(port), *log], **quiet) as proc:
+        wait_for_port(port, proc)
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_http_upstream_and_http_clients(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    mode: str,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    port = free_port()
+    env = proxy_env(server.url, agent_key, UPSTREAM_AUTH="Bearer up-secret", PROXY_TOKEN="proxy-secret")
+    with http_upstream(tmp_path) as upstream_url:
+        options = ["--name", "up", "--hold", "0.5", "--url", upstream_url]
+        options += ["--header-env", "Authorization=UPSTREAM_AUTH"]
+        options += ["--listen", f"127.0.0.1:{port}", "--listen-token-env", "PROXY_TOKEN"]
+        with process([*PROXY, *options], env=env) as proxy:
+            wait_for_port(port, proxy)
+            url = f"http://127.0.0.1:{port}/mcp"
+            refused = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert refused.status_code == 401
+            headers = {"Authorization": "Bearer proxy-secret"}
+            async with (
+                httpx2.AsyncClient(headers=headers) as http,
+                Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client,
+                admin_client(server.url, admin_headers) as admin,
+            ):
+                assert [t.name for t in (await client.list_tools()).tools][:2] == ["echo", "pay_invoice"]
+                seen = await client.call_tool("header", {"name": "Authorization"})
+                assert text(seen) == "Bearer up-secret", "the upstream got its header from the environment"
+                waiting = await client.call_tool("pay_invoice", BIG)
+                (rid,) = await pending_ids(runtime, admin)
+                assert waiting.meta is not None
+                assert (waiting.meta["signoff/decision"], waiting.meta["signoff/request_id"]) == (
+                    "pending",
+                    rid,
+                )
+                await vote(runtime, rid, Verdict.APPROVE, "alice")
+                assert text(await client.call_tool("pay_invoice", BIG)) == "paid inv-1: 90000"
+            proxy.send_signal(signal.SIGTERM)
+            assert proxy.wait(15) == 0
+    assert [c["tool"] for c in calls()] == ["header", "pay_invoice"]
+
+
+# --------------------------------------------------------------------------- process lifetime
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def eventually_gone(*pids: int, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"still running: {[p for p in pids if alive(p)]}"
+        time.sleep(0.05)
+
+
+CLIENT = """
+import os, sys, anyio
+from mcp import Client, StdioServerParameters
+
+async def main():
+    params = StdioServerParameters(command=sys.argv[1], args=sys.argv[2:], env=dict(os.environ))
+    async with Client(params, mode="legacy") as client:
+        await client.list_tools()
+        print("ready", flush=True)
+        await anyio.sleep(600)
+
+anyio.run(main)
+"""
+
+
+def test_killing_the_client_leaves_no_upstream_behind(tmp_path: Path) -> None:
+    with fake_signoff() as live:
+        args = [sys.executable, "-c", CLIENT, *PROXY, *proxy_args(tmp_path)]
+        env = proxy_env(live.url, KEY)
+        with process(args, env=env, stdout=subprocess.PIPE) as client:
+            assert client.stdout is not None
+            assert client.stdout.readline() == b"ready\n"
+            (proxy,) = children(client.pid)
+            upstream = int((tmp_path / "upstream.pid").read_text())
+            assert alive(proxy)
+            assert alive(upstream)
+            client.kill()
+            client.wait(5)
+            eventually_gone(proxy, upstream)
+
+
+def test_sigterm_stops_the_proxy_and_its_upstream(tmp_path: Path) -> None:
+    with fake_signoff() as live:
+        args = [*PROXY, *proxy_args(tmp_path)]
+        with process(
+            args, env=proxy_env(live.url, KEY), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        ) as proxy:
+            deadline = time.monotonic() + 30
+            while not (tmp_path / "upstream.pid").exists() or not (tmp_path / "upstream.pid").read_text():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            upstream = int((tmp_path / "upstream.pid").read_text())
+            time.sleep(0.5)  # the handshake
+            proxy.send_signal(signal.SIGTERM)
+            assert proxy.wait(15) == 0
+            eventually_gone(upstream)
+
+
+async def test_an_upstream_that_dies_is_reported_and_the_proxy_exits(
+    tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    with fake_signoff(policy=lambda tool, args: "allow") as live:
+        params = StdioServerParameters(
+            command=PROXY[0],
+            args=[*PROXY[1:], *proxy_args(tmp_path)],
+            env=proxy_env(live.url, KEY),
+            cwd=str(REPO),
+        )
+        errors = tmp_path / "proxy.err"
+        with errors.open("w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog), mode="legacy", cache=None) as client:
+                with pytest.raises(MCPError) as gone:
+                    await client.call_tool("crash", {})
+    assert "has exited" in gone.value.error.message
+    assert calls() == [{"tool": "crash", "arguments": {}}]
+    assert "exited; stopping" in errors.read_text()
+
+
+def test_without_signoff_configured_it_refuses_to_start(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+    done = subprocess.run(
+        [*PROXY, *proxy_args(tmp_path)], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "signoff-mcp-proxy: Signoff is not configured: set SIGNOFF_URL in the proxy's environment"
+    )
+    assert not (tmp_path / "upstream.pid").exists(), "no upstream is started for a proxy that cannot gate"

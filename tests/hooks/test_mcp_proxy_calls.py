@@ -1,0 +1,156 @@
+"""The MCP proxy's command line and its per-call bookkeeping, without any process or network."""
+
+from __future__ import annotations
+
+import pytest
+
+from signoff.hooks.mcp_proxy import DEFAULT_HOLD, ConfigError, parse_args
+from signoff.hooks.mcp_proxy._calls import (
+    CallLedger,
+    canonical_arguments,
+    gated_tool_name,
+    report_result,
+    waiting_text,
+)
+
+
+def test_gated_names_follow_claude_code() -> None:
+    assert gated_tool_name("github", "create_issue") == "mcp__github__create_issue"
+
+
+def test_canonical_arguments_ignore_key_order() -> None:
+    assert canonical_arguments({"b": 1, "a": {"d": 2, "c": 3}}) == '{"a":{"c":3,"d":2},"b":1}'
+
+
+def test_a_parked_call_is_taken_over_by_its_retry() -> None:
+    ledger = CallLedger("up", "run1")
+    first = ledger.claim("pay", {"amount": 1, "to": "x"}, None)
+    ledger.park(first)
+    retry = ledger.claim("pay", {"to": "x", "amount": 1}, None)
+    assert retry == first
+    assert ledger.parked == 0
+
+
+def test_a_call_that_ended_is_not_reused() -> None:
+    ledger = CallLedger("up", "run1")
+    first = ledger.claim("pay", {"amount": 1}, None)
+    again = ledger.claim("pay", {"amount": 1}, None)
+    assert again.call == first.call
+    assert again.key != first.key
+
+
+def test_concurrent_identical_calls_get_keys_of_their_own() -> None:
+    ledger = CallLedger("up", "run1")
+    parked = ledger.claim("pay", {"amount": 1}, None)
+    ledger.park(parked)
+    one = ledger.claim("pay", {"amount": 1}, None)
+    two = ledger.claim("pay", {"amount": 1}, None)
+    assert one.key == parked.key
+    assert two.key != one.key
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (("pay", {"amount": 1}, None), ("pay", {"amount": 2}, None)),
+        (("pay", {"amount": 1}, None), ("wire", {"amount": 1}, None)),
+        (("pay", {"amount": 1}, "s1"), ("pay", {"amount": 1}, "s2")),
+    ],
+)
+def test_identity_covers_tool_arguments_and_session(
+    a: tuple[str, dict[str, int], str | None], b: tuple[str, dict[str, int], str | None]
+) -> None:
+    ledger = CallLedger("up", "run1")
+    parked = ledger.claim(*a)
+    ledger.park(parked)
+    other = ledger.claim(*b)
+    assert other.call != parked.call
+    assert other.key != parked.key
+    assert ledger.parked == 1, "a different call does not take over the parked key"
+
+
+def test_no_earlier_run_and_no_other_server_shares_a_key() -> None:
+    call = ("pay", {"amount": 1}, None)
+    keys = {
+        CallLedger("up", "run1").claim(*call).key,
+        CallLedger("up", "run2").claim(*call).key,
+        CallLedger("other", "run1").claim(*call).key,
+    }
+    assert len(keys) == 3
+    assert all(k.startswith("mcp:") and len(k) <= 500 for k in keys)
+
+
+def test_parked_calls_are_bounded() -> None:
+    ledger = CallLedger("up", "run1", limit=3)
+    for i in range(10):
+        ledger.park(ledger.claim("pay", {"i": i}, None))
+    assert ledger.parked == 3
+
+
+def test_the_waiting_text_says_how_to_keep_waiting() -> None:
+    text = waiting_text("mcp__up__pay", "r1", 50)
+    assert "r1" in text
+    assert "same arguments" in text
+    assert "has not run" in text
+
+
+def test_a_huge_result_is_reported_as_a_summary() -> None:
+    small = {"content": [{"type": "text", "text": "ok"}]}
+    assert report_result(small) == small
+    huge = report_result({"content": [{"type": "text", "text": "x" * 400_000}], "isError": True})
+    assert huge == {"truncated": True, "bytes": huge["bytes"], "isError": True}
+
+
+# --------------------------------------------------------------------------- the command line
+
+ENV = {"GITHUB_AUTH": "Bearer ghp_x", "TOKEN": "t0k3n"}
+
+
+def test_a_stdio_upstream() -> None:
+    config = parse_args(["--name", "github", "--", "npx", "-y", "server-github", "--flag"], ENV)
+    assert config.command == ("npx", "-y", "server-github", "--flag")
+    assert config.url is None
+    assert config.hold == DEFAULT_HOLD
+    assert config.listen is None
+    assert "SIGNOFF_API_KEY" in config.secret_vars
+
+
+def test_an_http_upstream_takes_its_headers_from_the_environment() -> None:
+    config = parse_args(
+        ["--name", "gh", "--url", "https://example.com/mcp", "--header-env", "Authorization=GITHUB_AUTH"], ENV
+    )
+    assert config.url == "https://example.com/mcp"
+    assert dict(config.headers) == {"Authorization": "Bearer ghp_x"}
+
+
+def test_listening_over_http() -> None:
+    config = parse_args(["--name", "x", "--listen", "127.0.0.1:8765", "--hold", "5", "--", "srv"], ENV)
+    assert config.listen == ("127.0.0.1", 8765)
+    assert config.hold == 5
+    assert parse_args(["--name", "x", "--listen", "[::1]:9", "--", "srv"], ENV).listen == ("::1", 9)
+    beyond = ["--name", "x", "--listen", "0.0.0.0:8765", "--listen-token-env", "TOKEN", "--", "srv"]
+    config = parse_args(beyond, ENV)
+    assert config.listen_token == "t0k3n"
+    assert "TOKEN" in config.secret_vars
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--name", "x"], "name one upstream"),
+        (["--name", "x", "--url", "http://h/mcp", "--", "srv"], "name one upstream"),
+        (["--name", "has space", "--", "srv"], "--name must be"),
+        (["--name", "x", "--url", "ftp://h"], "must start with http"),
+        (["--name", "x", "--url", "http://h", "--header-env", "Authorization"], "HEADER=VAR"),
+        (["--name", "x", "--url", "http://h", "--header-env", "Authorization=MISSING"], "MISSING is not set"),
+        (["--name", "x", "--header-env", "A=GITHUB_AUTH", "--", "srv"], "for a --url upstream"),
+        (["--name", "x", "--hold", "-1", "--", "srv"], "--hold"),
+        (["--name", "x", "--submit-deadline", "0", "--", "srv"], "--submit-deadline"),
+        (["--name", "x", "--listen", "8765", "--", "srv"], "HOST:PORT"),
+        (["--name", "x", "--listen", "0.0.0.0:8765", "--", "srv"], "--listen-token-env"),
+        (["--name", "x", "--listen-token-env", "TOKEN", "--", "srv"], "goes with --listen"),
+    ],
+)
+def test_unusable_command_lines_are_refused_with_the_fix(argv: list[str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_args(argv, ENV)
