@@ -23,13 +23,14 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.audit import Actor, BrokenLink, verify_chain
 from signoff.app.config import ConfigError, SignoffConfig, load_config
-from signoff.app.confirmations import get_request, votes_for
 from signoff.app.db import create_engine, migrate, sessionmaker, transaction
+from signoff.app.eligibility import gates_of
 from signoff.app.keys import create_key, revoke_keys
 from signoff.app.models import AgentKey, ConfirmationRequest, Status
 from signoff.app.operators import decide
 from signoff.app.settings import Settings
-from signoff.app.votes import gates_of
+from signoff.app.state_machine import get_request
+from signoff.app.votes import votes_for
 from signoff.channels import Verdict
 
 app = typer.Typer(

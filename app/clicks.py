@@ -13,19 +13,13 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app.cards import build_card
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import (
-    Voter,
-    VoteResult,
-    build_card,
-    cast_vote,
-    get_request,
-    refuse_vote,
-    votes_for,
-)
 from signoff.app.db import transaction
+from signoff.app.eligibility import NOT_HERE, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Delivery, Status, Vote
-from signoff.app.votes import NOT_HERE, eligible_gates, gates_of
+from signoff.app.state_machine import get_request
+from signoff.app.votes import VoteResult, cast_vote, refuse_vote, votes_for
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]

@@ -321,3 +321,21 @@ def migrate(url: str, revision: str = "head") -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["database_url"] = async_url(url)
     command.upgrade(cfg, revision)
+
+
+def core_row(obj: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A model instance's column values, for a Core INSERT (no unit-of-work flush)."""
+    return {c.name: getattr(obj, c.name) for c in obj.__table__.columns if c.name not in skip}
+
+
+async def insert_unless_taken(
+    session: AsyncSession, table: sa.Table, unique: tuple[str, ...], row: dict[str, Any]
+) -> bool:
+    """INSERT ``row`` unless a row with the same ``unique`` columns exists; True if inserted.
+
+    One statement (``ON CONFLICT DO NOTHING``) instead of a look-up or a savepoint and a
+    flush: on PostgreSQL a racing insert of the same key waits for the other
+    transaction, then does nothing.
+    """
+    stmt = insert_ignoring(dialect_of(session), table, unique)
+    return (await session.exec(stmt, params=row)).first() is not None

@@ -17,8 +17,10 @@ that transaction instead.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,10 +34,11 @@ from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import OUTBOX_KEY, call_digest, decision_for, redact
 from signoff.app.db import dialect_of, insert_ignoring, transaction
+from signoff.app.eligibility import gates_of
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
-from signoff.app.votes import gates_of
+from signoff.app.redaction import redact
+from signoff.app.state_machine import OUTBOX_KEY, decision_for
 from signoff.hooks import Decision, HookContext, HookResult
 
 __all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
@@ -348,3 +351,8 @@ def _snapshot(key: str, gate: ConfirmationGate) -> dict[str, Any]:
         "require_reject_reason": gate.require_reject_reason,
         "timeout_seconds": gate.timeout.total_seconds(),
     }
+
+
+def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
+    body = json.dumps([tool_name, arguments], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()

@@ -19,7 +19,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from signoff.app import console
 from signoff.app.bodies import storable
-from signoff.app.confirmations import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
@@ -27,6 +26,7 @@ from signoff.app.replicas import REPORT_SECONDS
 from signoff.app.routers import admin, agent, callbacks, ops
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
+from signoff.app.state_machine import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.waiters import listen_for_decisions
 from signoff.hooks import ServiceUnavailable
 

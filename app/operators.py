@@ -5,7 +5,8 @@ from __future__ import annotations
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import Voter, VoteResult, cast_vote
+from signoff.app.eligibility import Voter
+from signoff.app.votes import VoteResult, cast_vote
 from signoff.channels import Verdict
 
 __all__ = ["decide", "operator_voter"]

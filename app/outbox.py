@@ -22,10 +22,12 @@ from sqlmodel import col, or_, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.audit import Actor
+from signoff.app.cards import build_card
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import build_card, get_request, transition, votes_for
 from signoff.app.metrics import DELIVERIES
 from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
+from signoff.app.state_machine import get_request, transition
+from signoff.app.votes import votes_for
 from signoff.channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
 
 __all__ = ["Dispatcher", "backoff"]

@@ -17,9 +17,10 @@ from sqlmodel.sql.expression import SelectOfScalar
 
 from signoff.app.audit import verify_chain
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import get_request, votes_for
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
+from signoff.app.state_machine import get_request
+from signoff.app.votes import votes_for
 
 __all__ = [
     "RequestFilter",

@@ -18,11 +18,11 @@ from signoff.app import audit, metrics, replicas
 from signoff.app.channel_types import build_channel
 from signoff.app.clicks import ClickService
 from signoff.app.config import ConfigError, SignoffConfig, load_config
-from signoff.app.confirmations import DECIDED_KEY, OUTBOX_KEY
 from signoff.app.db import YIELD_AFTER_COMMIT, create_engine, is_sqlite, transaction
 from signoff.app.intake import Intake
 from signoff.app.models import ConfirmationRequest, utcnow
 from signoff.app.settings import Settings
+from signoff.app.state_machine import DECIDED_KEY, OUTBOX_KEY
 from signoff.app.waiters import Hub
 from signoff.channels import Channel, Click, ClickOutcome, InteractiveChannel
 from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from signoff.app.bodies import storable
+from signoff.app.eligibility import gates_of
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
-from signoff.app.votes import gates_of
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Reload

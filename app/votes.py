@@ -1,169 +1,213 @@
-"""Who may vote on a gate: pure rules over the gate, the requester and the voter.
+"""Casting votes: one vote recorded per gate it counts for, and the transition it causes.
 
-Every gate a call matched must approve it (a request's ``gates``); each gate's card goes
-to that gate's channel, and a vote counts for the gate(s) of the card it came from that
-the voter may approve (:func:`eligible_gates`).
-
-The state machine (:func:`signoff.app.confirmations.cast_vote`) applies them under the
-request's lock; the console asks the same functions for its hints. Nothing here reads
-the database.
-
-People are recognised by their directory key, any of their channel ids or their email,
-in any spelling (:func:`signoff.app.config.identity_key`). Recognition is used both
-ways, and never to the voter's advantage:
-
-- a click counts only from the **channel** its card was posted to (the channel's
-  conversation is checked by :class:`signoff.app.clicks.ClickService`); operators,
-  authenticated, decide wherever the card went;
-- being an **approver** takes the id the channel vouched for (the clicker's user id on
-  that channel type, or the operator's name): a looked-up email grants nothing, since a
-  profile's email may be the clicker's to edit;
-- being the **requester** takes everything that names the voter (that id, any directory
-  entry it or their looked-up email recognises, the raw id and email themselves), so no
-  second spelling or second account with the same email approves its own call.
+Who may vote on which gate is :mod:`signoff.app.eligibility` (pure rules); this module
+applies them under the request's lock and moves the request through
+:mod:`signoff.app.state_machine`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from signoff.app import audit
 from signoff.app.audit import Actor
-from signoff.app.config import SignoffConfig, identity_key
-from signoff.app.models import ConfirmationRequest
+from signoff.app.config import SignoffConfig
+from signoff.app.db import core_row, insert_unless_taken
+from signoff.app.eligibility import NOT_AN_APPROVER, Voter, eligible_gates, gates_of
+from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
+from signoff.app.state_machine import get_request, queue_updates, settle, transition
+from signoff.channels import Verdict
 
-__all__ = [
-    "NOT_AN_APPROVER",
-    "NOT_HERE",
-    "OWN_CALL",
-    "Voter",
-    "eligible_gates",
-    "gate_refusal",
-    "gates_of",
-    "is_requester",
-]
+__all__ = ["VoteResult", "cast_vote", "refuse_vote", "votes_for"]
 
-NOT_HERE = "This request's card was not posted here, so a click here does not count."
-NOT_AN_APPROVER = "You are not an approver for this request."
-OWN_CALL = "You cannot approve a call made on your own behalf."
+_VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
+_VOTE_KEY = ("request_id", "gate", "voter")
+_VOTES_OF = select(Vote).where(col(Vote.request_id) == sa.bindparam("request_id")).order_by(col(Vote.id))
 
 
 @dataclass(frozen=True, slots=True)
-class Voter:
-    """Someone voting: where, their id there, and who they are in the directory (if known)."""
-
-    channel: str
-    channel_type: str
-    user_id: str
-    name: str | None = None
-    person: str | None = None
-    """The directory key the channel's id (or the operator's name) recognises."""
-    identity: Mapping[str, str] | None = None
-    email: str | None = None
-    """Looked up from the channel when it mattered (it counts against self-approval only)."""
-    operator: bool = False
-    """An authenticated operator (operator API, CLI, console), who may decide a gate posted
-    to any channel; everyone else votes only on a card in the channel it was posted to."""
-
-    @property
-    def key(self) -> str:
-        return self.person or f"{self.channel}:{self.user_id}"
-
-    @property
-    def actor(self) -> Actor:
-        return Actor(self.channel, self.user_id, self.name or self.person)
+class VoteResult:
+    accepted: bool
+    message: str
+    request: ConfirmationRequest
+    decided: bool = False
 
 
-def _names(voter: Voter, config: SignoffConfig) -> tuple[set[str], set[str]]:
-    """Everything naming ``voter``: (directory keys, raw identifiers as identity keys)."""
-    raw = [v for v in (voter.user_id, voter.email, voter.person) if v]
-    people = {p for p in (voter.person, *(config.recognise(v) for v in raw)) if p is not None}
-    return people, {identity_key(v) for v in raw} - {""}
+def _describe_decided(req: ConfirmationRequest) -> str:
+    who = req.decided_by_name or req.decided_by_user_id
+    if req.status == Status.EXPIRED:
+        return "This request has already expired."
+    by = f" by {who}" if who and req.decided_by_channel != "system" else ""
+    return f"This request was already {req.status}{by}."
 
 
-def is_requester(requesters: Iterable[str | None], voter: Voter, config: SignoffConfig) -> bool:
-    """Whether ``voter`` is (any spelling or directory entry of) whoever the call was made for.
+async def cast_vote(
+    session: AsyncSession,
+    request_id: str,
+    *,
+    voter: Voter,
+    verdict: Verdict,
+    config: SignoffConfig,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> VoteResult | None:
+    """Record one vote and apply the transition it causes. None if there is no such request.
 
-    ``requesters``: what the request recorded about them (the recognised directory key, the
-    ``user_id`` as sent); unknown values (None) name nobody.
+    Refusals (not an approver, the requester, already decided, a second vote)
+    change nothing but the audit log, and say why.
     """
-    people, raw = _names(voter, config)
-    for requester in requesters:
-        if requester is None or not identity_key(requester):
-            continue
-        person = config.recognise(requester)
-        if (person is not None and person in people) or identity_key(requester) in raw:
-            return True
-    return False
+    now = now or utcnow()
+    req = await get_request(session, request_id, for_update=True)
+    if req is None:
+        return None
+    detail = _vote_detail(voter, verdict, reason)
 
+    async def refuse(message: str) -> VoteResult:
+        await _audit_refusal(session, req, voter, detail, message)
+        return VoteResult(False, message, req)
 
-def _is_approver(approvers: Iterable[str], voter: Voter, config: SignoffConfig) -> bool:
-    """Whether an entry of ``approvers`` (a directory key or a raw channel id, any spelling)
-    names the voter by the id the channel vouched for."""
-    own = identity_key(voter.user_id)
-    for approver in approvers:
-        person = config.recognise(approver)
-        if person is not None:
-            if person == voter.person:
-                return True
-        elif identity_key(approver) == own:
-            return True
-    return False
+    if req.status != Status.PENDING:
+        return await refuse(_describe_decided(req))
+    if req.expires_at <= now:
+        expiry, late = Actor("system", "expiry"), "no decision before the deadline"
+        won = await transition(session, request_id, Status.EXPIRED, actor=expiry, reason=late, now=now)
+        await settle(session, req, won, Status.EXPIRED, expiry, late, now)
+        return await refuse("This request has already expired.")
+    gates = gates_of(req)
+    requesters = (req.requester, req.user_id)
+    eligible, why = eligible_gates(gates, requesters=requesters, voter=voter, config=config)
+    if not eligible:
+        return await refuse(why or NOT_AN_APPROVER)
+    if (
+        verdict is Verdict.REJECT
+        and any(gates[i].get("require_reject_reason") for i in eligible)
+        and not (reason and reason.strip())
+    ):
+        return await refuse("A reason is required to reject this request.")
 
+    # One row per gate the vote counts for; a gate this voter already voted on keeps that vote.
+    counted = [i for i in eligible if await _insert_vote(session, request_id, i, voter, verdict, reason, now)]
+    if not counted:
+        return await refuse("You have already voted on this request.")
+    names = [str(gates[i].get("name", "")) for i in counted]
+    voted = [audit.Entry("vote", voter.actor, request_id, {**detail, "gates": names})]
 
-def gate_refusal(
-    gate: Mapping[str, Any],
-    *,
-    channel: str,
-    requesters: Iterable[str | None],
-    voter: Voter,
-    config: SignoffConfig,
-) -> str | None:
-    """Why ``voter`` may not vote on ``gate`` (a request's gate snapshot, its card posted to
-    ``channel``), or None if they may."""
-    if not voter.operator and voter.channel != channel:
-        return NOT_HERE
-    approvers: list[str] = list(gate.get("approvers") or [])
-    if approvers and not _is_approver(approvers, voter, config):
-        return NOT_AN_APPROVER
-    if not gate.get("allow_self_approval", False) and is_requester(requesters, voter, config):
-        return OWN_CALL
-    return None
-
-
-def gates_of(req: ConfirmationRequest) -> list[Mapping[str, Any]]:
-    """The request's gates in the order they run, each with its ``key``, ``name`` and
-    ``channel`` (a request made before several gates could ask has its one ``gate``)."""
-    if req.gates:
-        return list(req.gates)
-    return [{**req.gate, "key": str(req.gate.get("name", "")), "channel": req.channel}]
-
-
-_MOST_TELLING = {OWN_CALL: 0, NOT_AN_APPROVER: 1, NOT_HERE: 2}
-
-
-def eligible_gates(
-    gates: Iterable[Mapping[str, Any]],
-    *,
-    requesters: Iterable[str | None],
-    voter: Voter,
-    config: SignoffConfig,
-) -> tuple[list[int], str | None]:
-    """The indexes of the gates ``voter``'s vote counts for, and, when it counts for none, why
-    (the reason that concerns them most: their own call, then not an approver, then the
-    channel)."""
-    requesters = tuple(requesters)
-    eligible: list[int] = []
-    refusals: list[str] = []
-    for i, gate in enumerate(gates):
-        why = gate_refusal(
-            gate, channel=str(gate.get("channel", "")), requesters=requesters, voter=voter, config=config
+    decided_by = voter.actor
+    if verdict is Verdict.REJECT:
+        won = await transition(
+            session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now, along=voted
         )
-        if why is None:
-            eligible.append(i)
-        else:
-            refusals.append(why)
-    if eligible or not refusals:
-        return eligible, None
-    return [], min(refusals, key=lambda why: _MOST_TELLING.get(why, len(_MOST_TELLING)))
+        await settle(session, req, won, Status.REJECTED, decided_by, reason, now)
+        return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
+
+    quorums = [int(g.get("quorum", 1)) for g in gates]
+    # One gate with a quorum of one: this vote is the approval (the request was pending, under lock).
+    approvals = [1] if quorums == [1] else await _approvals(session, request_id, len(gates))
+    if all(a >= q for a, q in zip(approvals, quorums, strict=True)):
+        won = await transition(
+            session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
+        )
+        await settle(session, req, won, Status.APPROVED, decided_by, reason, now)
+        return VoteResult(True, f"Approved by {decided_by.name or decided_by.id}.", req, decided=True)
+    await queue_updates(session, request_id)
+    await audit.append_many(session, voted)
+    return VoteResult(True, _progress(gates, counted, approvals, quorums), req)
+
+
+def _progress(
+    gates: Sequence[Mapping[str, Any]],
+    counted: Sequence[int],
+    approvals: Sequence[int],
+    quorums: Sequence[int],
+) -> str:
+    """What an approval that did not decide the request changed, and what it still waits for."""
+    if len(gates) == 1:
+        return f"Approval recorded ({approvals[0]} of {quorums[0]})."
+
+    def state(i: int) -> str:
+        return f"{gates[i].get('name', '')} {approvals[i]} of {quorums[i]}"
+
+    waiting = [i for i in range(len(gates)) if approvals[i] < quorums[i]]
+    recorded = ", ".join(state(i) for i in counted)
+    return f"Approval recorded ({recorded}); still waiting for {', '.join(state(i) for i in waiting)}."
+
+
+async def _insert_vote(
+    session: AsyncSession,
+    request_id: str,
+    gate: int,
+    voter: Voter,
+    verdict: Verdict,
+    reason: str | None,
+    now: datetime,
+) -> bool:
+    """Record ``voter``'s vote for gate ``gate``; False if they already voted on it."""
+    vote = Vote(
+        request_id=request_id,
+        gate=gate,
+        voter=voter.key,
+        verdict=verdict.value,
+        channel=voter.channel,
+        user_id=voter.user_id,
+        name=voter.name,
+        email=voter.email,
+        reason=reason,
+        identity=dict(voter.identity or {}),
+        created_at=now,
+    )
+    return await insert_unless_taken(session, _VOTES, _VOTE_KEY, core_row(vote, skip=("id",)))
+
+
+def _vote_detail(voter: Voter, verdict: Verdict, reason: str | None) -> dict[str, Any]:
+    identity = dict(voter.identity or {})
+    if voter.email:
+        identity["email"] = voter.email
+    return {"verdict": verdict.value, "reason": reason, "identity": identity}
+
+
+async def _audit_refusal(
+    session: AsyncSession, req: ConfirmationRequest, voter: Voter, detail: dict[str, Any], why: str
+) -> None:
+    await audit.append(
+        session, "vote_refused", actor=voter.actor, request_id=req.id, detail={**detail, "why": why}
+    )
+
+
+async def refuse_vote(
+    session: AsyncSession,
+    request_id: str,
+    *,
+    voter: Voter,
+    verdict: Verdict,
+    why: str,
+    reason: str | None = None,
+) -> VoteResult | None:
+    """Refuse a vote for a reason found before voting (where the click came from, who the
+    clicker is): only the audit log changes. None if there is no such request."""
+    req = await get_request(session, request_id)
+    if req is None:
+        return None
+    await _audit_refusal(session, req, voter, _vote_detail(voter, verdict, reason), why)
+    return VoteResult(False, why, req)
+
+
+async def _approvals(session: AsyncSession, request_id: str, gates: int) -> list[int]:
+    """Approving votes per gate (index), for a request of ``gates`` gates."""
+    rows = await session.exec(
+        select(col(Vote.gate), sa.func.count())
+        .where(col(Vote.request_id) == request_id, col(Vote.verdict) == "approve")
+        .group_by(col(Vote.gate))
+    )
+    counts = dict(rows.all())
+    return [int(counts.get(i, 0)) for i in range(gates)]
+
+
+async def votes_for(session: AsyncSession, request_id: str) -> list[Vote]:
+    return list((await session.exec(_VOTES_OF, params={"request_id": request_id})).all())

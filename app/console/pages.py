@@ -15,13 +15,14 @@ from signoff.app import queries
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import get_request, votes_for
 from signoff.app.console.format import duration, summarize, time_left
+from signoff.app.eligibility import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
 from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
-from signoff.app.votes import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of
+from signoff.app.state_machine import get_request
+from signoff.app.votes import votes_for
 
 __all__ = [
     "AuditView",

@@ -17,7 +17,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from signoff.app.audit import Actor
 from signoff.app.bodies import Refused, StrictJSONRoute, parse_json, storable
-from signoff.app.confirmations import TERMINAL, get_request, transition, votes_for
 from signoff.app.db import transaction
 from signoff.app.deps import AgentDep, RuntimeDep, SessionDep
 from signoff.app.hook_services import ServerHookServices
@@ -36,6 +35,8 @@ from signoff.app.schemas import (
     SessionStartOut,
     Unprocessable,
 )
+from signoff.app.state_machine import TERMINAL, get_request, transition
+from signoff.app.votes import votes_for
 from signoff.hooks import Decision, HookContext
 
 router = APIRouter(prefix="/v1", tags=["agent"], route_class=StrictJSONRoute)

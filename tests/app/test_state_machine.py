@@ -9,10 +9,12 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 
 from signoff.app.audit import Actor, verify_chain
-from signoff.app.confirmations import ALLOWED_TRANSITIONS, TERMINAL, Voter, cast_vote, get_request, transition
 from signoff.app.db import transaction
+from signoff.app.eligibility import Voter
 from signoff.app.models import AuditEvent, Delivery, Status
 from signoff.app.runtime import Runtime
+from signoff.app.state_machine import ALLOWED_TRANSITIONS, TERMINAL, get_request, transition
+from signoff.app.votes import cast_vote
 from signoff.channels import Verdict
 from tests.app.factories import make_request, make_row
 

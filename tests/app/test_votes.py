@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from signoff.app.config import ConfigError, SignoffConfig, identity_key, parse_config
-from signoff.app.votes import (
+from signoff.app.eligibility import (
     NOT_AN_APPROVER,
     NOT_HERE,
     OWN_CALL,

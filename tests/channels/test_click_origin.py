@@ -15,10 +15,10 @@ import pytest
 from sqlmodel import col, select
 
 from signoff.app.config import parse_config
+from signoff.app.eligibility import NOT_HERE
 from signoff.app.models import AuditEvent
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
-from signoff.app.votes import NOT_HERE
 from signoff.channels.slack import ACTION_APPROVE
 from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
 from tests.channels.feishu_fake import FakeFeishu

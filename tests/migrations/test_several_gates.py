@@ -19,8 +19,8 @@ from sqlalchemy.engine import make_url
 
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
-from signoff.app.confirmations import call_digest
 from signoff.app.db import create_engine, migrate, transaction
+from signoff.app.intake import call_digest
 from signoff.app.keys import create_key
 from signoff.app.models import utcnow
 from signoff.app.runtime import Runtime

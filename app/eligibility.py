@@ -1,0 +1,169 @@
+"""Who may vote on a gate: pure rules over the gate, the requester and the voter.
+
+Every gate a call matched must approve it (a request's ``gates``); each gate's card goes
+to that gate's channel, and a vote counts for the gate(s) of the card it came from that
+the voter may approve (:func:`eligible_gates`).
+
+The state machine (:func:`signoff.app.votes.cast_vote`) applies them under the
+request's lock; the console asks the same functions for its hints. Nothing here reads
+the database.
+
+People are recognised by their directory key, any of their channel ids or their email,
+in any spelling (:func:`signoff.app.config.identity_key`). Recognition is used both
+ways, and never to the voter's advantage:
+
+- a click counts only from the **channel** its card was posted to (the channel's
+  conversation is checked by :class:`signoff.app.clicks.ClickService`); operators,
+  authenticated, decide wherever the card went;
+- being an **approver** takes the id the channel vouched for (the clicker's user id on
+  that channel type, or the operator's name): a looked-up email grants nothing, since a
+  profile's email may be the clicker's to edit;
+- being the **requester** takes everything that names the voter (that id, any directory
+  entry it or their looked-up email recognises, the raw id and email themselves), so no
+  second spelling or second account with the same email approves its own call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from signoff.app.audit import Actor
+from signoff.app.config import SignoffConfig, identity_key
+from signoff.app.models import ConfirmationRequest
+
+__all__ = [
+    "NOT_AN_APPROVER",
+    "NOT_HERE",
+    "OWN_CALL",
+    "Voter",
+    "eligible_gates",
+    "gate_refusal",
+    "gates_of",
+    "is_requester",
+]
+
+NOT_HERE = "This request's card was not posted here, so a click here does not count."
+NOT_AN_APPROVER = "You are not an approver for this request."
+OWN_CALL = "You cannot approve a call made on your own behalf."
+
+
+@dataclass(frozen=True, slots=True)
+class Voter:
+    """Someone voting: where, their id there, and who they are in the directory (if known)."""
+
+    channel: str
+    channel_type: str
+    user_id: str
+    name: str | None = None
+    person: str | None = None
+    """The directory key the channel's id (or the operator's name) recognises."""
+    identity: Mapping[str, str] | None = None
+    email: str | None = None
+    """Looked up from the channel when it mattered (it counts against self-approval only)."""
+    operator: bool = False
+    """An authenticated operator (operator API, CLI, console), who may decide a gate posted
+    to any channel; everyone else votes only on a card in the channel it was posted to."""
+
+    @property
+    def key(self) -> str:
+        return self.person or f"{self.channel}:{self.user_id}"
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(self.channel, self.user_id, self.name or self.person)
+
+
+def _names(voter: Voter, config: SignoffConfig) -> tuple[set[str], set[str]]:
+    """Everything naming ``voter``: (directory keys, raw identifiers as identity keys)."""
+    raw = [v for v in (voter.user_id, voter.email, voter.person) if v]
+    people = {p for p in (voter.person, *(config.recognise(v) for v in raw)) if p is not None}
+    return people, {identity_key(v) for v in raw} - {""}
+
+
+def is_requester(requesters: Iterable[str | None], voter: Voter, config: SignoffConfig) -> bool:
+    """Whether ``voter`` is (any spelling or directory entry of) whoever the call was made for.
+
+    ``requesters``: what the request recorded about them (the recognised directory key, the
+    ``user_id`` as sent); unknown values (None) name nobody.
+    """
+    people, raw = _names(voter, config)
+    for requester in requesters:
+        if requester is None or not identity_key(requester):
+            continue
+        person = config.recognise(requester)
+        if (person is not None and person in people) or identity_key(requester) in raw:
+            return True
+    return False
+
+
+def _is_approver(approvers: Iterable[str], voter: Voter, config: SignoffConfig) -> bool:
+    """Whether an entry of ``approvers`` (a directory key or a raw channel id, any spelling)
+    names the voter by the id the channel vouched for."""
+    own = identity_key(voter.user_id)
+    for approver in approvers:
+        person = config.recognise(approver)
+        if person is not None:
+            if person == voter.person:
+                return True
+        elif identity_key(approver) == own:
+            return True
+    return False
+
+
+def gate_refusal(
+    gate: Mapping[str, Any],
+    *,
+    channel: str,
+    requesters: Iterable[str | None],
+    voter: Voter,
+    config: SignoffConfig,
+) -> str | None:
+    """Why ``voter`` may not vote on ``gate`` (a request's gate snapshot, its card posted to
+    ``channel``), or None if they may."""
+    if not voter.operator and voter.channel != channel:
+        return NOT_HERE
+    approvers: list[str] = list(gate.get("approvers") or [])
+    if approvers and not _is_approver(approvers, voter, config):
+        return NOT_AN_APPROVER
+    if not gate.get("allow_self_approval", False) and is_requester(requesters, voter, config):
+        return OWN_CALL
+    return None
+
+
+def gates_of(req: ConfirmationRequest) -> list[Mapping[str, Any]]:
+    """The request's gates in the order they run, each with its ``key``, ``name`` and
+    ``channel`` (a request made before several gates could ask has its one ``gate``)."""
+    if req.gates:
+        return list(req.gates)
+    return [{**req.gate, "key": str(req.gate.get("name", "")), "channel": req.channel}]
+
+
+_MOST_TELLING = {OWN_CALL: 0, NOT_AN_APPROVER: 1, NOT_HERE: 2}
+
+
+def eligible_gates(
+    gates: Iterable[Mapping[str, Any]],
+    *,
+    requesters: Iterable[str | None],
+    voter: Voter,
+    config: SignoffConfig,
+) -> tuple[list[int], str | None]:
+    """The indexes of the gates ``voter``'s vote counts for, and, when it counts for none, why
+    (the reason that concerns them most: their own call, then not an approver, then the
+    channel)."""
+    requesters = tuple(requesters)
+    eligible: list[int] = []
+    refusals: list[str] = []
+    for i, gate in enumerate(gates):
+        why = gate_refusal(
+            gate, channel=str(gate.get("channel", "")), requesters=requesters, voter=voter, config=config
+        )
+        if why is None:
+            eligible.append(i)
+        else:
+            refusals.append(why)
+    if eligible or not refusals:
+        return eligible, None
+    return [], min(refusals, key=lambda why: _MOST_TELLING.get(why, len(_MOST_TELLING)))

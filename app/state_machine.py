@@ -1,0 +1,285 @@
+"""The confirmation state machine.
+
+``pending → approved | rejected | expired | cancelled``; terminal states never
+change. Every transition is one conditional UPDATE on the current status, so
+racing writers (two approvers, a double click, the expiry sweep, a cancel) get
+exactly one winner; the audit event and the card updates it causes are written
+in the same transaction. Nothing here commits: the caller owns the transaction.
+
+Votes (:mod:`signoff.app.votes`) and cards (:mod:`signoff.app.cards`) build on it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from signoff.app import audit
+from signoff.app.audit import Actor
+from signoff.app.db import core_row, dialect_of
+from signoff.app.metrics import DECISION_SECONDS, DECISIONS
+from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
+from signoff.hooks import Decision, HookResult
+from signoff.hooks._gate import describe_request
+
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "DECIDED_KEY",
+    "NOTIFY_CHANNEL",
+    "OUTBOX_KEY",
+    "TERMINAL",
+    "decision_for",
+    "expire_overdue",
+    "get_request",
+    "settle",
+    "transition",
+]
+
+ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.APPROVED, Status.REJECTED, Status.EXPIRED, Status.CANCELLED}),
+    Status.APPROVED: frozenset(),
+    Status.REJECTED: frozenset(),
+    Status.EXPIRED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+TERMINAL = frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if not targets)
+
+DECIDED_KEY = "signoff.decided"
+NOTIFY_CHANNEL = "signoff_decided"
+NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
+OUTBOX_KEY = "signoff.outbox"
+
+
+_REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
+_DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
+_INSERT_DELIVERY = sa.insert(_DELIVERIES)
+_GET = select(ConfirmationRequest).where(col(ConfirmationRequest.id) == sa.bindparam("request_id"))
+_GET_FOR_UPDATE = _GET.with_for_update()
+_CARDS = (
+    select(_DELIVERIES.c.channel, _DELIVERIES.c.kind, _DELIVERIES.c.status, _DELIVERIES.c.leased_until)
+    .where(_DELIVERIES.c.request_id == sa.bindparam("request_id"))
+    .with_for_update()
+)
+
+
+def _sources(target: Status) -> list[str]:
+    return [s.value for s, targets in ALLOWED_TRANSITIONS.items() if target in targets]
+
+
+async def get_request(
+    session: AsyncSession, request_id: str, *, for_update: bool = False
+) -> ConfirmationRequest | None:
+    stmt = _GET_FOR_UPDATE if for_update else _GET
+    return (await session.exec(stmt, params={"request_id": request_id})).one_or_none()
+
+
+def _observe(status: Status, now: datetime, created_at: datetime) -> None:
+    DECISIONS.labels(status.value).inc()
+    DECISION_SECONDS.labels(status.value).observe(max(0.0, (now - created_at).total_seconds()))
+
+
+async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, notified: bool = False) -> None:
+    """Wake waiters once this transaction commits: in this process, and on PostgreSQL in every
+    process listening (NOTIFY is delivered at commit, and never if the transaction rolls back).
+    ``notified``: the NOTIFY was already sent (within the deciding statement)."""
+    if not request_ids:
+        return
+    session.sync_session.info.setdefault(DECIDED_KEY, set()).update(request_ids)
+    if not notified and _on_postgres(session):
+        for i in range(0, len(request_ids), NOTIFY_BATCH):
+            payload = ",".join(request_ids[i : i + NOTIFY_BATCH])
+            await session.exec(select(sa.func.pg_notify(NOTIFY_CHANNEL, payload)))
+
+
+def _on_postgres(session: AsyncSession) -> bool:
+    return dialect_of(session) == "postgresql"
+
+
+async def queue_updates(session: AsyncSession, request_id: str) -> None:
+    """Owe every channel the request's card was posted to a redraw (one queued redraw each is
+    enough). A ``web`` channel, whatever its name, never got a card: intake decided that, by
+    the channel's type."""
+    # Only the request's own few deliveries, by the request_id index (with the status in SQL,
+    # SQLite's planner prefers the status index and scans every pending delivery), locked:
+    # a dispatcher claiming one of them waits for this transaction, so it draws the card
+    # as this transaction leaves it.
+    rows = (await session.exec(_CARDS, params={"request_id": request_id})).all()
+    posted = dict.fromkeys(ch for ch, kind, _, _ in rows if kind == "post")
+    queued = {
+        ch
+        for ch, kind, status, leased in rows
+        if kind == "update" and status == OutboxStatus.PENDING and leased is None
+    }
+    owed = [
+        core_row(Delivery(request_id=request_id, channel=ch, kind="update"), skip=("id",))
+        for ch in posted
+        if ch not in queued
+    ]
+    if owed:
+        await session.exec(_INSERT_DELIVERY, params=owed)
+        session.sync_session.info[OUTBOX_KEY] = True
+
+
+@functools.cache
+def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
+    """The conditional UPDATE moving a request to ``target``, built once (Core, with binds).
+
+    ``notify`` (PostgreSQL): the statement sends the NOTIFY itself, one round trip
+    fewer, still only at commit and only for a row it changed.
+    """
+    r = _REQUESTS.c
+    stmt = (
+        sa.update(_REQUESTS)
+        .where(r.id == sa.bindparam("request_id"), r.status.in_(_sources(target)))
+        .values(
+            status=target.value,
+            reason=sa.bindparam("new_reason"),
+            decided_at=sa.bindparam("new_decided_at"),
+            decided_by_channel=sa.bindparam("new_channel"),
+            decided_by_user_id=sa.bindparam("new_user_id"),
+            decided_by_name=sa.bindparam("new_name"),
+        )
+        .returning(r.created_at)
+    )
+    return stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, r.id)) if notify else stmt
+
+
+async def transition(
+    session: AsyncSession,
+    request_id: str,
+    target: Status,
+    *,
+    actor: Actor,
+    reason: str | None = None,
+    now: datetime | None = None,
+    along: Sequence[audit.Entry] = (),
+) -> bool:
+    """Move a request to ``target`` if the table allows it from its current status.
+
+    Returns False when another writer got there first (the request is no longer
+    in a status that allows ``target``); nothing is written then but the audit
+    events ``along`` (a vote, say), which are otherwise appended just before the
+    transition's own, in the same statements.
+    """
+    now = now or utcnow()
+    postgres = _on_postgres(session)
+    params = {
+        "request_id": request_id,
+        "new_reason": reason,
+        "new_decided_at": now,
+        "new_channel": actor.channel,
+        "new_user_id": actor.id,
+        "new_name": actor.name,
+    }
+    stmt = _transition_statement(target, notify=postgres)
+    row = (await session.exec(stmt, params=params)).first()
+    if row is None:
+        await audit.append_many(session, along)
+        return False
+    _observe(target, now, row[0])
+    await queue_updates(session, request_id)
+    await _mark_decided(session, [request_id], notified=postgres)
+    # The audit events last: on PostgreSQL the head row stays locked until commit.
+    await audit.append_many(
+        session, [*along, audit.Entry(target.value, actor, request_id, {"reason": reason})]
+    )
+    return True
+
+
+async def expire_overdue(
+    session: AsyncSession, *, now: datetime | None = None, batch: int = 500
+) -> list[str]:
+    """Expire pending requests past their deadline; safe to run on every replica at once."""
+    now = now or utcnow()
+    due = (
+        select(ConfirmationRequest.id)
+        .where(col(ConfirmationRequest.status) == Status.PENDING, col(ConfirmationRequest.expires_at) <= now)
+        .order_by(col(ConfirmationRequest.expires_at))
+        .limit(batch)
+        # Replicas sweeping at once skip each other's rows instead of deadlocking.
+        .with_for_update(skip_locked=True)
+    )
+    rows = (
+        await session.exec(
+            sa.update(ConfirmationRequest)
+            .where(
+                col(ConfirmationRequest.id).in_(due.scalar_subquery()),
+                col(ConfirmationRequest.status).in_(_sources(Status.EXPIRED)),
+            )
+            .values(
+                status=Status.EXPIRED.value,
+                reason="no decision before the deadline",
+                decided_at=now,
+                decided_by_channel="system",
+                decided_by_user_id="expiry",
+                decided_by_name=None,
+            )
+            .returning(col(ConfirmationRequest.id), col(ConfirmationRequest.created_at))
+            .execution_options(synchronize_session=False)
+        )
+    ).all()
+    for r in rows:
+        _observe(Status.EXPIRED, now, r[1])
+    expired = sorted(str(r[0]) for r in rows)
+    for rid in expired:
+        await audit.append(
+            session,
+            Status.EXPIRED.value,
+            actor=Actor("system", "expiry"),
+            request_id=rid,
+            detail={"reason": "no decision before the deadline"},
+        )
+        await queue_updates(session, rid)
+    await _mark_decided(session, expired)
+    return expired
+
+
+def decision_for(req: ConfirmationRequest) -> HookResult:
+    """The hook answer for an existing request (an idempotent replay), in the words the
+    client library uses for a decision it waited for."""
+    if req.status == Status.PENDING:
+        return HookResult(
+            decision=Decision.PENDING, reason=f"waiting for approval (request {req.id})", request_id=req.id
+        )
+    decided_by = (
+        {"channel": req.decided_by_channel, "user_id": req.decided_by_user_id, "name": req.decided_by_name}
+        if req.decided_by_channel
+        else None
+    )
+    text = describe_request(
+        {"id": req.id, "status": Status(req.status).value, "reason": req.reason, "decided_by": decided_by}
+    )
+    if req.status == Status.APPROVED:
+        return HookResult(decision=Decision.ALLOW, reason=text, request_id=req.id)
+    return HookResult.deny(text, request_id=req.id)
+
+
+async def settle(
+    session: AsyncSession,
+    req: ConfirmationRequest,
+    won: bool,
+    target: Status,
+    actor: Actor,
+    reason: str | None,
+    now: datetime,
+) -> None:
+    """Bring the (locked) ``req`` up to date after a transition without reading it again."""
+    if not won:
+        await session.refresh(req)
+        return
+    values = {
+        "status": target.value,
+        "reason": reason,
+        "decided_at": now,
+        "decided_by_channel": actor.channel,
+        "decided_by_user_id": actor.id,
+        "decided_by_name": actor.name,
+    }
+    for name, value in values.items():
+        set_committed_value(req, name, value)
