@@ -67,8 +67,8 @@ chromium:
 
 pytest: install chromium
 	@VENV=$(VENV) bash scripts/ensure-claude-code.sh
-	@echo "==> pytest (SQLite and PostgreSQL)"
-	@$(BIN)/pytest
+	@echo "==> pytest (SQLite and PostgreSQL), one worker per core"
+	@$(BIN)/pytest -n auto --dist loadfile
 
 bench: install postgres
 	@$(BIN)/python -m bench

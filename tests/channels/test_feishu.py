@@ -167,6 +167,7 @@ def test_decrypt_vectors(name: str) -> None:
         encrypt(b"hello world", "another key"),
         fixture("encrypted_envelope.doc_illustration_not_decryptable.json")["encrypt"],
     ],
+    ids=["not-base64", "short", "not-whole-blocks", "another-key", "doc-illustration"],
 )
 def test_decrypt_failures_are_one_generic_rejection(encrypted: str) -> None:
     with pytest.raises(CallbackRejected) as caught:
