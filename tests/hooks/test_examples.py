@@ -36,7 +36,7 @@ HINT = re.compile(r"approve with: signoff requests approve (\w+) --as alice")
 
 SCRIPTS = {
     # script: (invoice number prefix, the gated call's idempotency key, module the script needs)
-    "python_client.py": ("INV-100", r"python:\w{8}:INV-1002", None),
+    "python_client.py": ("INV-100", r"python:\w{8}:INV-1002:[0-9a-f]{16}", None),
     "pydantic_ai_agent.py": ("INV-200", r"pydantic-ai:\w{32}:pyd_ai_\w+", "pydantic_ai"),
     "langchain_agent.py": ("INV-300", r"langchain:\w{32}:call_2", "langchain"),
     "openai_agents_agent.py": ("INV-400", r"openai-agents:\w{32}:call_2", "agents"),
