@@ -97,14 +97,15 @@ async def server(runtime: Runtime) -> AsyncIterator[Server]:
         session_start=configured.session_start,
     )
     s = Server(runtime)
-    s.recorder = Recorder(s._server.config.app)  # type: ignore[attr-defined]
-    s._server.config.app = s.recorder  # type: ignore[attr-defined]
+    s._server.config.app = Recorder(s._server.config.app)
     async with s:
         yield s
 
 
 def recorded(server: Server) -> Recorder:
-    recorder: Recorder = server.recorder  # type: ignore[attr-defined]
+    """What the server received (its app is wrapped in a :class:`Recorder`)."""
+    recorder = server._server.config.app
+    assert isinstance(recorder, Recorder)
     return recorder
 
 
