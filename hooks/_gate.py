@@ -209,6 +209,9 @@ def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+_ABSENT = object()
+
+
 def _shown(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, default=_json_default)
     return text if len(text) <= 80 else text[:79] + "…"
@@ -223,9 +226,6 @@ def describe_changes(original: Mapping[str, Any], approved: Mapping[str, Any]) -
         if original.get(name, _ABSENT) != approved.get(name, _ABSENT)
     ]
     return ", ".join(changes) or "no change"
-
-
-_ABSENT = object()
 
 
 # --------------------------------------------------------------------------- I/O vocabulary
