@@ -18,14 +18,16 @@ import sys
 import uuid
 
 from signoff.hooks.client import GateClient, GateConfigError, GateDenied, GateTimeout, GateUnavailable
-from signoff.hooks.decorator import gate
+from signoff.hooks.decorator import call_key, gate
 
 DEADLINE = float(os.environ.get("SIGNOFF_DEADLINE", "600"))
 RUN = uuid.uuid4().hex[:8]
 
 
 def invoice_key(invoice_id: str, amount: int) -> str:
-    """One Signoff request per invoice (and run of this script): a retry re-attaches to it."""
+    """Names the payment of one invoice (in this run of the script). The decorator appends a
+    digest of the call, so the same invoice with another amount needs its own approval, and
+    once the payment has run its approval is used: paying again asks again."""
     return f"python:{RUN}:{invoice_id}"
 
 
@@ -43,12 +45,13 @@ def main() -> int:
     with client:
         for invoice_id, amount in [("INV-1001", 120), ("INV-1002", 90_000)]:
             call = f"pay_invoice(invoice_id={invoice_id!r}, amount={amount})"
+            arguments = {"invoice_id": invoice_id, "amount": amount}
             # Optional: submit first without waiting, to say who must decide. The decorated
             # call below sends the same idempotency key, so it waits on this very request.
             submitted = client.pre_tool_use(
                 "pay_invoice",
-                {"invoice_id": invoice_id, "amount": amount},
-                idempotency_key=invoice_key(invoice_id, amount),
+                arguments,
+                idempotency_key=call_key(invoice_key(**arguments), "pay_invoice", arguments),
                 wait=False,
             )
             if submitted.pending:

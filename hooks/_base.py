@@ -29,6 +29,7 @@ from signoff.hooks._gate import (
     _unavailable,
     cancel_flow,
     gate_flow,
+    make_idempotency_key,
     report_body,
     report_flow,
 )
@@ -217,6 +218,7 @@ class ClientBase:
         user_id: str | None,
         metadata: Mapping[str, Any] | None,
         idempotency_key: str | None,
+        deadline: float | None = None,
     ) -> Generator[Step, Outcome, ReportAnswer]:
         body = report_body(
             tool_name,
@@ -227,9 +229,10 @@ class ClientBase:
             tool_call_id=tool_call_id,
             user_id=user_id,
             metadata=metadata,
-            idempotency_key=idempotency_key,
+            # The key the call was asked under, derived the same way as for pre_tool_use.
+            idempotency_key=idempotency_key or make_idempotency_key(self.runtime, session_id, tool_call_id),
         )
-        return report_flow(body, self.settings, time.monotonic)
+        return report_flow(body, self.settings, time.monotonic, deadline=deadline)
 
 
 class SyncGateClient(ClientBase):
@@ -332,12 +335,14 @@ class SyncGateClient(ClientBase):
         user_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        deadline: float | None = None,
     ) -> ReportAnswer:
         """Report a call that ran (``POST /v1/hooks/post-tool-use``), with the arguments it ran with.
 
-        Send the ``idempotency_key`` the call was allowed under: the report closes that
-        approval. Retries briefly if Signoff is unreachable; never raises (the call has
-        already run), ``delivered=False`` says the report was lost.
+        Send the ``idempotency_key`` the call was allowed under (or the same ``session_id``
+        and ``tool_call_id``, from which the same key is derived): the report closes that
+        approval. Retries an unreachable Signoff for ``deadline`` seconds (default 5); never
+        raises (the call has already run), ``delivered=False`` says the report was lost.
         """
         try:
             flow = self._report_flow(
@@ -350,6 +355,7 @@ class SyncGateClient(ClientBase):
                 user_id=user_id,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                deadline=deadline,
             )
             return drive(flow, self._exchange)
         except Exception as exc:

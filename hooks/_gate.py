@@ -47,7 +47,9 @@ __all__ = [
     "ReportAnswer",
     "ToolCall",
     "TransportFailure",
+    "call_digest",
     "cancel_flow",
+    "describe_changes",
     "describe_request",
     "gate_flow",
     "interpret_request",
@@ -87,6 +89,11 @@ _SUBMIT_PATH = "/v1/hooks/pre-tool-use"
 _REPORT_PATH = "/v1/hooks/post-tool-use"
 REPORT_DEADLINE = 5.0
 """Seconds to keep retrying the report of an executed call (then give up; the call already ran)."""
+MAX_REPORTED_RESULT = 16 * 1024
+"""Bytes of a tool result (as JSON) a report carries; a larger one is cut. With arguments of up
+to 32 KiB, the report stays within the server's 64 KiB body limit."""
+MAX_REPORTED_ERROR = 4000
+"""Characters of an error a report carries (the server takes up to 10,000)."""
 _TERMINAL = frozenset({"approved", "rejected", "expired", "cancelled"})
 _STATUSES = _TERMINAL | {"pending"}
 _RETRYABLE_4XX = frozenset({408, 425, 429})
@@ -185,6 +192,40 @@ def make_idempotency_key(runtime: str, session: str | None, tool_call_id: str | 
     if not session or not tool_call_id:
         return None
     return f"{runtime}:{session}:{tool_call_id}"
+
+
+def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
+    """A short digest of the call (tool name and canonical arguments), to put in a key so that
+    the key can only ever stand for this one call."""
+    import hashlib
+
+    canonical = json.dumps(
+        [tool_name, arguments],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=_json_default,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+_ABSENT = object()
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=_json_default)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def describe_changes(original: Mapping[str, Any], approved: Mapping[str, Any]) -> str:
+    """The approved arguments as changes to the original ones: ``amount: 90000 → 40000``."""
+    changes = [
+        f"{name}: {_shown(original[name]) if name in original else '(none)'} → "
+        f"{_shown(approved[name]) if name in approved else '(removed)'}"
+        for name in dict.fromkeys([*original, *approved])
+        if original.get(name, _ABSENT) != approved.get(name, _ABSENT)
+    ]
+    return ", ".join(changes) or "no change"
 
 
 # --------------------------------------------------------------------------- I/O vocabulary
@@ -617,10 +658,19 @@ def report_body(
     metadata: Mapping[str, Any] | None = None,
     idempotency_key: str | None = None,
 ) -> bytes:
-    """The JSON body of ``POST /v1/hooks/post-tool-use`` (raises ``ValueError``/``TypeError``)."""
-    payload: dict[str, Any] = {"tool_name": tool_name, "arguments": dict(arguments), "result": result}
+    """The JSON body of ``POST /v1/hooks/post-tool-use`` (raises ``ValueError``/``TypeError``).
+
+    A result larger than :data:`MAX_REPORTED_RESULT` is replaced by ``{"truncated": true,
+    "bytes": N, "head": "<its first characters>"}`` and a long error is cut, so that the report
+    is never refused for its size (which would leave the approval it closes open).
+    """
+    payload: dict[str, Any] = {
+        "tool_name": tool_name,
+        "arguments": dict(arguments),
+        "result": _bounded(result),
+    }
     optional = {
-        "error": error,
+        "error": error[:MAX_REPORTED_ERROR] if error is not None else None,
         "session_id": session_id,
         "tool_call_id": tool_call_id,
         "user_id": user_id,
@@ -629,6 +679,16 @@ def report_body(
     }
     payload.update({name: value for name, value in optional.items() if value is not None})
     return json.dumps(payload, default=_json_default, allow_nan=False, ensure_ascii=False).encode()
+
+
+def _bounded(result: Any) -> Any:
+    text = (
+        result if isinstance(result, str) else json.dumps(result, default=_json_default, ensure_ascii=False)
+    )
+    size = len(text.encode())
+    if size <= MAX_REPORTED_RESULT:
+        return result
+    return {"truncated": True, "bytes": size, "head": text[: MAX_REPORTED_RESULT // 8]}
 
 
 def _report_answer(reply: HttpReply) -> ReportAnswer:

@@ -24,6 +24,10 @@ The idempotency key is ``<runtime>:<session>:<tool_call_id>`` when both ids
 are given, else a fresh random key per call (which still makes the call's own
 retries idempotent).
 
+An approval covers one call, once: after the tool has run, ``post_tool_use(...)``
+reports it (``POST /v1/hooks/post-tool-use``) under the same key, with the arguments
+it ran with, and the approval is used.
+
 Configuration: ``url`` / ``api_key`` arguments, else ``SIGNOFF_URL`` /
 ``SIGNOFF_API_KEY`` from the environment; neither → :class:`GateConfigError`.
 """
@@ -303,6 +307,7 @@ class AsyncGateClient(ClientBase):
         user_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        deadline: float | None = None,
     ) -> ReportAnswer:
         """Async :meth:`GateClient.post_tool_use`: never raises; ``delivered=False`` if lost."""
         try:
@@ -316,6 +321,7 @@ class AsyncGateClient(ClientBase):
                 user_id=user_id,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                deadline=deadline,
             )
             return await self._drive(flow)
         except Exception as exc:

@@ -1,7 +1,12 @@
-"""Claude Code ``PreToolUse`` command hook: ``signoff-hook claude-code``.
+"""Claude Code command hook: ``signoff-hook claude-code``, for ``PreToolUse`` and ``PostToolUse``.
 
-Reads the hook's JSON on stdin, asks Signoff (waiting for a person when a gate
-matches), and answers on stdout with ``hookSpecificOutput.permissionDecision``.
+Reads the hook's JSON on stdin. For ``PreToolUse`` it asks Signoff (waiting for a
+person when a gate matches) and answers on stdout with
+``hookSpecificOutput.permissionDecision``. For ``PostToolUse`` and
+``PostToolUseFailure`` (the same command, told apart by ``hook_event_name``) it
+reports the executed call to Signoff — under the same idempotency key, with the
+input the tool actually ran with — which uses up the approval; reporting never
+blocks or fails the agent (a few seconds at most, exit 0 whatever happens).
 
 Claude Code lets a tool call through when a command hook times out, crashes or
 exits with any code but 0 or 2 (CLI 2.1.332 honours ``onFailure: "block"``;
@@ -27,7 +32,11 @@ Settings (``.claude/settings.json``)::
     {"hooks": {"PreToolUse": [{"matcher": "^(Bash|Write|Edit)$|^mcp__",
       "hooks": [{"type": "command", "command": "signoff-hook",
                  "args": ["claude-code", "--timeout", "3600"], "timeout": 3600,
-                 "statusMessage": "Waiting for approval…", "onFailure": "block"}]}]}}
+                 "statusMessage": "Waiting for approval…", "onFailure": "block"}]}],
+     "PostToolUse": [{"matcher": "^(Bash|Write|Edit)$|^mcp__",
+      "hooks": [{"type": "command", "command": "signoff-hook",
+                 "args": ["claude-code", "--timeout", "10"], "timeout": 10}]}],
+     "PostToolUseFailure": …the same as PostToolUse…}}
 
 ``--timeout`` must repeat the handler's ``timeout`` (or set ``SIGNOFF_HOOK_TIMEOUT``;
 default 600, Claude Code's default). ``SIGNOFF_URL`` and ``SIGNOFF_API_KEY`` come
@@ -35,7 +44,8 @@ from the environment; ``--submit-deadline`` (or ``SIGNOFF_SUBMIT_DEADLINE``, def
 5 s) bounds how long an unreachable Signoff is retried before the call is blocked.
 The idempotency key is ``claude-code:<session_id>:<tool_use_id>``, so a re-fired hook
 for the same call (``defer`` + ``--resume``) re-attaches to the same request, which is
-why the hook does not cancel it on its own deadline. When Claude Code kills the hook
+why the hook does not cancel it on its own deadline; ``PostToolUse`` carries the same two
+ids, so the report names the same key. When Claude Code kills the hook
 (``SIGTERM`` at its ``timeout``, or the user interrupting), the hook cancels the
 request it was waiting on, so no card stays open for a call that will not run.
 
@@ -76,6 +86,11 @@ DEFAULT_HOOK_TIMEOUT = 600.0
 """Claude Code's default ``timeout`` for command hooks, in seconds."""
 MAX_INPUT = 8 * 1024 * 1024
 EXIT_BLOCK = 2
+REPORT_DEADLINE = 2.0
+"""Seconds a ``PostToolUse`` report may take, retries included: Claude Code waits for it."""
+PRE_TOOL_USE = "PreToolUse"
+POST_EVENTS = frozenset({"PostToolUse", "PostToolUseFailure"})
+"""The events after a tool ran: ``PostToolUseFailure`` when it failed (the call still ran)."""
 
 _METADATA_FIELDS = ("cwd", "permission_mode", "prompt_id", "agent_id", "agent_type")
 
@@ -127,7 +142,7 @@ def internal_deadline(hook_timeout: float) -> float:
     return max(hook_timeout - margin, hook_timeout * 0.5)
 
 
-def _parse_input(raw: str) -> dict[str, Any]:
+def _load_input(raw: str) -> dict[str, Any]:
     if len(raw) > MAX_INPUT:
         raise _Refused("hook input is too large")
     try:
@@ -136,9 +151,17 @@ def _parse_input(raw: str) -> dict[str, Any]:
         raise _Refused(f"hook input is not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise _Refused("hook input is not a JSON object")
-    event = data.get("hook_event_name", "PreToolUse")
-    if event != "PreToolUse":
-        raise _Refused(f"this hook handles PreToolUse, not {event!r}")
+    return data
+
+
+def _event(data: dict[str, Any]) -> str:
+    event = data.setdefault("hook_event_name", PRE_TOOL_USE)
+    if event != PRE_TOOL_USE and event not in POST_EVENTS:
+        raise _Refused(f"this hook handles PreToolUse and PostToolUse, not {event!r}")
+    return str(event)
+
+
+def _check_call(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(data.get("tool_name"), str) or not data["tool_name"]:
         raise _Refused("hook input has no tool_name")
     if not isinstance(data.get("tool_input"), dict):
@@ -175,7 +198,10 @@ def build_output(decision: GateDecision, *, allow_unmatched: bool = False) -> di
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="signoff-hook claude-code",
-        description="Claude Code PreToolUse command hook: ask Signoff before a tool runs.",
+        description=(
+            "Claude Code command hook: ask Signoff before a tool runs (PreToolUse); "
+            "report the call once it ran (PostToolUse, PostToolUseFailure)."
+        ),
     )
     parser.add_argument(
         "--timeout",
@@ -249,21 +275,39 @@ class _Watch:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _ask(data: dict[str, Any], watch: _Watch, deadline: float, user_id: str | None) -> GateDecision:
+def _call(data: dict[str, Any], user_id: str | None) -> dict[str, Any]:
+    """What both events send: the ids, the key derived from them, the metadata."""
     session_id, tool_use_id = data.get("session_id"), data.get("tool_use_id")
     metadata: dict[str, Any] = {"runtime": RUNTIME}
     metadata.update({k: data[k] for k in _METADATA_FIELDS if isinstance(data.get(k), str)})
+    return {
+        "session_id": session_id,
+        "tool_call_id": tool_use_id,
+        "user_id": user_id,
+        "metadata": metadata,
+        "idempotency_key": make_idempotency_key(RUNTIME, session_id, tool_use_id),
+    }
+
+
+def _ask(data: dict[str, Any], watch: _Watch, deadline: float, user_id: str | None) -> GateDecision:
     return watch.client.pre_tool_use(
+        data["tool_name"], data["tool_input"], **_call(data, user_id), deadline=deadline, exchange=watch
+    )
+
+
+def _report(data: dict[str, Any], client: SyncGateClient, deadline: float, user_id: str | None) -> str | None:
+    """Report the executed call (its ``tool_input`` is the input it ran with); why it was lost, if it was."""
+    failed = data["hook_event_name"] == "PostToolUseFailure"
+    error = data.get("error") if failed else None
+    answer = client.post_tool_use(
         data["tool_name"],
         data["tool_input"],
-        session_id=session_id,
-        tool_call_id=tool_use_id,
-        user_id=user_id,
-        metadata=metadata,
-        idempotency_key=make_idempotency_key(RUNTIME, session_id, tool_use_id),
+        None if failed else data.get("tool_response"),
+        error=(error if isinstance(error, str) and error else "the tool failed") if failed else None,
+        **_call(data, user_id),
         deadline=deadline,
-        exchange=watch,
     )
+    return None if answer.delivered else answer.reason
 
 
 def main(
@@ -274,7 +318,8 @@ def main(
     stderr: TextIO | None = None,
     client: SyncGateClient | None = None,
 ) -> int:
-    """Run the hook once. Returns the exit code: 0 with a JSON answer, or 2 to block.
+    """Run the hook once. Returns the exit code: 0 with a JSON answer, or 2 to block; after
+    the tool ran (``PostToolUse``, ``PostToolUseFailure``) always 0.
 
     ``client`` replaces the one built from the environment (tests); it is not closed.
     """
@@ -284,6 +329,7 @@ def main(
     stderr = stderr if stderr is not None else sys.stderr
     owned: SyncGateClient | None = None
     watch: _Watch | None = None
+    event = PRE_TOOL_USE
     try:
         try:
             args = _arguments(argv)
@@ -292,9 +338,20 @@ def main(
         budget = _budget(args)
         with _signals(budget + 1.0):
             try:
-                data = _parse_input(stdin.read(MAX_INPUT + 1))
+                data = _load_input(stdin.read(MAX_INPUT + 1))
+                event = _event(data)
+                _check_call(data)
                 if client is None:
                     client = owned = _client(args)
+                if event in POST_EVENTS:
+                    deadline = min(REPORT_DEADLINE, budget - (time.monotonic() - started))
+                    signal.setitimer(signal.ITIMER_REAL, max(deadline, 0.0) + 1.0)
+                    lost = _report(data, client, deadline, args.user_id) if deadline > 0 else "no time left"
+                    if lost is not None:
+                        stderr.write(
+                            f"Signoff did not get the report of this {data['tool_name']} call: {lost}\n"
+                        )
+                    return 0
                 watch = _Watch(client)
                 remaining = budget - (time.monotonic() - started)
                 if remaining <= 0:
@@ -313,12 +370,16 @@ def main(
     except BaseException as exc:  # every failure, even Ctrl-C, must block the call
         known = isinstance(exc, _Refused | GateDenied | _Stopped)
         reason = str(exc) if known else f"{type(exc).__name__}: {exc}"
+        reported = event in POST_EVENTS  # the call already ran: nothing to block, never fail it
         try:
-            stderr.write(f"Blocked by the Signoff approval hook: {reason}\n")
+            prefix = (
+                "Signoff could not report this call" if reported else "Blocked by the Signoff approval hook"
+            )
+            stderr.write(f"{prefix}: {reason}\n")
             stderr.flush()
         except BaseException:
             pass  # nothing left to report to; the exit code still blocks
-        return EXIT_BLOCK
+        return 0 if reported else EXIT_BLOCK
     finally:
         if owned is not None:
             owned.close()

@@ -9,10 +9,12 @@ agent = create_agent(model, tools, middleware=[SignoffMiddleware(GateClient(), t
 ```
 
 It wraps each tool call (``wrap_tool_call`` / ``awrap_tool_call``) and waits for
-Signoff *inline*, so no checkpointer is needed: allowed → the tool runs (with
-Signoff's rewritten arguments, if any); anything else — denied, the deadline,
-Signoff unreachable, an error — → the tool does not run and the model gets a
-``ToolMessage(status="error")`` with the reason.
+Signoff *inline*, so no checkpointer is needed: allowed → the tool runs (with the
+arguments Signoff approved, ``modified_arguments``, if any: LangChain's edit);
+anything else — denied, the deadline, Signoff unreachable, an error — → the tool
+does not run and the model gets a ``ToolMessage(status="error")`` with the reason.
+Once the tool has run (or raised), the call is reported to Signoff under the same
+idempotency key with the arguments it ran with, which uses up its approval.
 
 The idempotency key is ``langchain:<thread_id>:<tool_call_id>`` (``thread_id`` from
 ``config["configurable"]``), so a graph that re-executes the node on resume
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
+import uuid
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -47,6 +51,12 @@ __all__ = ["RUNTIME", "SignoffMiddleware"]
 RUNTIME = "langchain"
 
 _Result = ToolMessage | Command[Any]
+
+_ASYNC_IN_SYNC = GateDecision(
+    False,
+    "SignoffMiddleware got an AsyncGateClient but the agent runs synchronously; use GateClient",
+    failure=GateFailure.UNAVAILABLE,
+)
 
 
 def _thread_id(request: ToolCallRequest) -> str | None:
@@ -91,16 +101,17 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Whether calls of ``tool_name`` go through Signoff."""
         return self.gated_tools is None or tool_name in self.gated_tools
 
-    def _options(self, request: ToolCallRequest) -> dict[str, Any]:
+    def _call(self, request: ToolCallRequest) -> dict[str, Any]:
+        """What the ask and the report of one call both send."""
         thread = _thread_id(request)
         call_id = request.tool_call.get("id")
+        key = make_idempotency_key(RUNTIME, thread, call_id) or f"{RUNTIME}:auto:{uuid.uuid4().hex}"
         return {
             "session_id": thread,
             "tool_call_id": call_id,
             "user_id": self.user_id,
             "metadata": {"runtime": RUNTIME},
-            "idempotency_key": make_idempotency_key(RUNTIME, thread, call_id),
-            "deadline": self.deadline,
+            "idempotency_key": key,
         }
 
     @staticmethod
@@ -130,19 +141,26 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if not self.covers(name):
             return handler(request)
         if isinstance(self.client, AsyncGateClient):
-            decision = GateDecision(
-                False,
-                "SignoffMiddleware got an AsyncGateClient but the agent runs synchronously; use GateClient",
-                failure=GateFailure.UNAVAILABLE,
+            return self._denied(request, _ASYNC_IN_SYNC)
+        call = self._call(request)
+        try:
+            decision = self.client.pre_tool_use(
+                name, request.tool_call["args"], **call, deadline=self.deadline
             )
-        else:
-            try:
-                decision = self.client.pre_tool_use(name, request.tool_call["args"], **self._options(request))
-            except Exception as exc:
-                decision = _crashed(exc)
+        except Exception as exc:
+            decision = _crashed(exc)
         if not decision.allowed:
             return self._denied(request, decision)
-        return handler(self._approved(request, decision))
+        approved = self._approved(request, decision)
+        args = approved.tool_call["args"]
+        try:
+            result = handler(approved)
+        except Exception as exc:
+            self.client.post_tool_use(name, args, None, error=f"{type(exc).__name__}: {exc}", **call)
+            raise
+        content, error = _outcome(result)
+        self.client.post_tool_use(name, args, content, error=error, **call)
+        return result
 
     async def awrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[_Result]]
@@ -151,15 +169,39 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         name = request.tool_call["name"]
         if not self.covers(name):
             return await handler(request)
-        args, options = request.tool_call["args"], self._options(request)
+        call = self._call(request)
         try:
-            if isinstance(self.client, AsyncGateClient):
-                decision = await self.client.pre_tool_use(name, args, **options)
-            else:
-                ask = functools.partial(self.client.pre_tool_use, name, args, **options)
-                decision = await asyncio.to_thread(ask)
+            decision = await self._run(
+                self.client.pre_tool_use, name, request.tool_call["args"], **call, deadline=self.deadline
+            )
         except Exception as exc:
             decision = _crashed(exc)
         if not decision.allowed:
             return self._denied(request, decision)
-        return await handler(self._approved(request, decision))
+        approved = self._approved(request, decision)
+        args = approved.tool_call["args"]
+        try:
+            result = await handler(approved)
+        except Exception as exc:
+            await self._run(
+                self.client.post_tool_use, name, args, None, error=f"{type(exc).__name__}: {exc}", **call
+            )
+            raise
+        content, error = _outcome(result)
+        await self._run(self.client.post_tool_use, name, args, content, error=error, **call)
+        return result
+
+    @staticmethod
+    async def _run(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Await an :class:`AsyncGateClient` method, or run a :class:`GateClient` one in a thread."""
+        if inspect.iscoroutinefunction(method):
+            return await method(*args, **kwargs)
+        return await asyncio.to_thread(functools.partial(method, *args, **kwargs))
+
+
+def _outcome(result: _Result) -> tuple[Any, str | None]:
+    """What a tool's answer reports: its content, and the error when it failed."""
+    if isinstance(result, ToolMessage):
+        failed = result.status == "error"
+        return result.content, (str(result.content) or "the tool failed") if failed else None
+    return repr(result), None

@@ -19,8 +19,14 @@ outright; any error interrupts too. ``resolve(result)`` asks Signoff about each
 interruption of the run — waiting for a person — and calls ``state.approve(item)`` or
 ``state.reject(item, rejection_message=reason)``; ``run(...)`` repeats run → resolve →
 run until no interruption is left. A rejected call's body never runs and the model
-sees the reason as its output. The SDK cannot apply rewritten arguments on approval,
-so a call Signoff rewrote is rejected (fail closed).
+sees the reason as its output. The SDK cannot run an approved call with other
+arguments, so a call Signoff approved only with changed arguments (``modified_arguments``)
+is rejected with a reason that names the approved values (fail closed).
+
+Executed calls are reported to Signoff (under the same idempotency key, with the
+arguments they ran with) by the run hooks ``hooks`` (``on_tool_end``), which ``run(...)``
+passes to ``Runner.run``; pass ``hooks=signoff.hooks`` when you call ``Runner.run``
+yourself. The report uses up the call's approval.
 
 The idempotency key is ``openai-agents:<session_id>:<call_id>``; ``needs_approval`` and
 ``resolve`` use the same one, so the request created up front is the one waited on.
@@ -39,17 +45,28 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 try:
-    from agents import Agent, RunContextWrapper, Runner, RunResult, RunResultStreaming, RunState
+    from agents import (
+        Agent,
+        RunContextWrapper,
+        RunHooks,
+        Runner,
+        RunResult,
+        RunResultStreaming,
+        RunState,
+        Tool,
+    )
     from agents.items import ToolApprovalItem
+    from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "signoff.hooks.adapters.openai_agents needs the OpenAI Agents SDK: "
         "pip install 'signoff-hooks[openai-agents]'"
     ) from exc
 
+from signoff.hooks._gate import describe_changes
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure
 
-__all__ = ["RUNTIME", "NeedsApproval", "SignoffApprovals"]
+__all__ = ["RUNTIME", "NeedsApproval", "SignoffApprovals", "SignoffRunHooks"]
 
 RUNTIME = "openai-agents"
 
@@ -92,27 +109,49 @@ class SignoffApprovals:
         self.tools = None if tools is None else frozenset(tools)
         self.deadline = deadline
         self.user_id = user_id
+        self.asked_tools: set[str] = set()
+        """Tools Signoff was asked about: their executed calls are reported."""
+        self.hooks = SignoffRunHooks(self)
+        """Run hooks that report executed calls; :meth:`run` passes them to ``Runner.run``."""
 
     def idempotency_key(self, call_id: str) -> str:
         """``openai-agents:<session_id>:<call_id>``."""
         return f"{RUNTIME}:{self.session_id}:{call_id}"
 
-    async def _ask(
-        self, tool_name: str, arguments: dict[str, Any], call_id: str, *, wait: bool
-    ) -> GateDecision:
-        options: dict[str, Any] = {
+    def _call(self, call_id: str) -> dict[str, Any]:
+        """What the ask and the report of one call both send."""
+        return {
             "session_id": self.session_id,
             "tool_call_id": call_id,
             "user_id": self.user_id,
             "metadata": {"runtime": RUNTIME},
             "idempotency_key": self.idempotency_key(call_id),
-            "deadline": self.deadline,
-            "wait": wait,
         }
+
+    async def _ask(
+        self, tool_name: str, arguments: dict[str, Any], call_id: str, *, wait: bool
+    ) -> GateDecision:
+        self.asked_tools.add(tool_name)
+        options = {**self._call(call_id), "deadline": self.deadline, "wait": wait}
         if isinstance(self.client, AsyncGateClient):
             return await self.client.pre_tool_use(tool_name, arguments, **options)
         ask = functools.partial(self.client.pre_tool_use, tool_name, arguments, **options)
         return await asyncio.to_thread(ask)
+
+    async def report(self, context: ToolContext[Any], result: object) -> None:
+        """Report one executed call (``on_tool_end``): the arguments it ran with, its result."""
+        try:
+            arguments = json.loads(context.tool_arguments or "{}")
+        except ValueError:
+            arguments = {"raw": context.tool_arguments}
+        if not isinstance(arguments, dict):
+            arguments = {"raw": arguments}
+        call = self._call(context.tool_call_id)
+        if isinstance(self.client, AsyncGateClient):
+            await self.client.post_tool_use(context.tool_name, arguments, result, **call)
+        else:
+            send = functools.partial(self.client.post_tool_use, context.tool_name, arguments, result, **call)
+            await asyncio.to_thread(send)
 
     def needs_approval(self, tool_name: str) -> NeedsApproval:
         """A ``function_tool(needs_approval=...)`` policy for ``tool_name``.
@@ -142,8 +181,17 @@ class SignoffApprovals:
                 return _refused("its arguments are not a JSON object")
             call_id = item.call_id or uuid.uuid4().hex
             decision = await self._ask(item.name or "", arguments, call_id, wait=True)
-            if decision.allowed and decision.modified_arguments not in (None, arguments):
-                return _refused("Signoff rewrote its arguments, which this runtime cannot apply")
+            approved = decision.modified_arguments
+            if decision.allowed and approved not in (None, arguments):
+                assert approved is not None
+                return decision._replace(
+                    allowed=False,
+                    reason=(
+                        f"Signoff approved {item.name} only with changed arguments "
+                        f"({describe_changes(arguments, approved)}), and this runtime cannot run a "
+                        "call with other arguments than it asked with; the call was not run"
+                    ),
+                )
             return decision
         except Exception as exc:
             return _refused(f"Signoff gate error ({type(exc).__name__}: {exc})")
@@ -178,8 +226,13 @@ class SignoffApprovals:
         ``options`` go to every ``Runner.run`` call (``max_turns``, ``run_config``…); the
         ``context`` to the first only (the resumed state carries it). Stops after
         ``max_rounds`` resumptions or when the remaining interruptions are not covered,
-        returning the last result with those interruptions still pending.
+        returning the last result with those interruptions still pending. Executed calls
+        are reported through :attr:`hooks`; run hooks of your own must subclass
+        :class:`SignoffRunHooks` (and call its ``on_tool_end``).
         """
+        hooks = options.setdefault("hooks", self.hooks)
+        if not isinstance(hooks, SignoffRunHooks):
+            raise TypeError("hooks= must be a SignoffRunHooks, which reports executed calls to Signoff")
         result = await Runner.run(agent, input, context=context, **options)
         for _ in range(max_rounds):
             if not any(self.covers(item) for item in result.interruptions):
@@ -187,3 +240,19 @@ class SignoffApprovals:
             state = await self.resolve(result)
             result = await Runner.run(agent, state, **options)
         return result
+
+
+class SignoffRunHooks(RunHooks[Any]):
+    """Run hooks that report each executed call of a tool Signoff was asked about.
+
+    Subclass it for run hooks of your own, and call ``super().on_tool_end(...)``.
+    """
+
+    def __init__(self, approvals: SignoffApprovals) -> None:
+        self.approvals = approvals
+
+    async def on_tool_end(
+        self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: object
+    ) -> None:
+        if isinstance(context, ToolContext) and context.tool_name in self.approvals.asked_tools:
+            await self.approvals.report(context, result)

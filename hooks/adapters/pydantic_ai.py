@@ -20,6 +20,10 @@ it runs only if *this* capability approved it. A call approved by something else
 earlier capability, or the application's ``deferred_tool_results``) is checked with
 Signoff inline and skipped with the denial as its result if Signoff does not allow it.
 
+Once a covered call has run (``after_tool_execute``, or ``on_tool_execute_error`` when
+the tool raised), it is reported to Signoff under the same idempotency key with the
+arguments it ran with, which uses up its approval.
+
 The idempotency key is ``pydantic-ai:<conversation_id or run_id>:<tool_call_id>``.
 Requires ``pip install 'signoff-hooks[pydantic-ai]'``.
 """
@@ -141,21 +145,55 @@ class SignoffApprovals(AbstractCapability[Any]):
             answered_by[cid] = _answered_by(decision)
         return requests.build_results(approvals=approvals, metadata=metadata, answered_by=answered_by)
 
+    async def after_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        result: Any,
+    ) -> Any:
+        """Report a covered call that ran, with the arguments it ran with."""
+        if self.covers(call.tool_name):
+            await self._report(ctx, call, args, result, None)
+        return result
+
+    async def on_tool_execute_error(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        error: Exception,
+    ) -> Any:
+        """Report a covered call whose tool raised (it ran), then let the error go on."""
+        if self.covers(call.tool_name):
+            await self._report(ctx, call, args, None, f"{type(error).__name__}: {error}")
+        try:
+            raise error
+        finally:
+            del error  # the traceback holds this frame; keep no cycle through ctx.deps
+
+    def _call(self, ctx: RunContext[Any], call: ToolCallPart) -> dict[str, Any]:
+        """What the ask and the report of one call both send."""
+        session = ctx.conversation_id or ctx.run_id
+        return {
+            "session_id": session,
+            "tool_call_id": call.tool_call_id,
+            "user_id": self.user_id,
+            "metadata": {"runtime": RUNTIME, "run_id": ctx.run_id},
+            "idempotency_key": make_idempotency_key(RUNTIME, session, call.tool_call_id),
+        }
+
     async def _ask(
         self, ctx: RunContext[Any], call: ToolCallPart, args: dict[str, Any] | None
     ) -> GateDecision:
         """One Signoff decision; never raises (errors deny)."""
         try:
             arguments = args if args is not None else call.args_as_dict()
-            session = ctx.conversation_id or ctx.run_id
-            options: dict[str, Any] = {
-                "session_id": session,
-                "tool_call_id": call.tool_call_id,
-                "user_id": self.user_id,
-                "metadata": {"runtime": RUNTIME, "run_id": ctx.run_id},
-                "idempotency_key": make_idempotency_key(RUNTIME, session, call.tool_call_id),
-                "deadline": self.deadline,
-            }
+            options = {**self._call(ctx, call), "deadline": self.deadline}
             if isinstance(self.client, AsyncGateClient):
                 return await self.client.pre_tool_use(call.tool_name, arguments, **options)
             ask = functools.partial(self.client.pre_tool_use, call.tool_name, arguments, **options)
@@ -164,3 +202,17 @@ class SignoffApprovals(AbstractCapability[Any]):
             return GateDecision(
                 False, f"Signoff gate error ({type(exc).__name__}: {exc})", failure=GateFailure.UNAVAILABLE
             )
+
+    async def _report(
+        self, ctx: RunContext[Any], call: ToolCallPart, args: dict[str, Any], result: Any, error: str | None
+    ) -> None:
+        """Report an executed call; never raises (the call already ran)."""
+        if isinstance(self.client, AsyncGateClient):
+            await self.client.post_tool_use(
+                call.tool_name, args, result, error=error, **self._call(ctx, call)
+            )
+        else:
+            report = functools.partial(
+                self.client.post_tool_use, call.tool_name, args, result, error=error, **self._call(ctx, call)
+            )
+            await asyncio.to_thread(report)

@@ -20,16 +20,12 @@ __all__ = [
     "canonical_arguments",
     "denied_text",
     "gated_tool_name",
-    "report_result",
     "unavailable_text",
     "waiting_text",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What ``--name`` may be: the ``<NAME>`` of ``mcp__<NAME>__<tool>``, as Claude Code spells servers."""
-
-MAX_REPORTED_RESULT = 256 * 1024
-"""Bytes of a tool result (as JSON) sent with the report; a larger one is summarised."""
 
 
 def gated_tool_name(server: str, tool: str) -> str:
@@ -115,11 +111,3 @@ def unavailable_text(tool: str, reason: str | None) -> str:
         f"{tool} was not run: Signoff could not confirm it ({reason or 'no answer'}). "
         "The call was not forwarded to the server."
     )
-
-
-def report_result(result: Mapping[str, Any]) -> Any:
-    """The tool result as reported to Signoff: as is, or summarised when it is very large."""
-    size = len(canonical_arguments(result).encode())
-    if size <= MAX_REPORTED_RESULT:
-        return dict(result)
-    return {"truncated": True, "bytes": size, "isError": bool(result.get("isError"))}

@@ -28,7 +28,6 @@ from signoff.hooks.mcp_proxy._calls import (
     Claim,
     denied_text,
     gated_tool_name,
-    report_result,
     unavailable_text,
     waiting_text,
 )
@@ -489,7 +488,7 @@ class GatingProxy:
             self._report(report, None, exc.message)
             raise
         is_error = result.get("isError") is True
-        self._report(report, report_result(result), "the tool answered isError" if is_error else None)
+        self._report(report, result, "the tool answered isError" if is_error else None)
         return result
 
     async def _decide(

@@ -1,7 +1,8 @@
 """The real Claude Code CLI, gated by Signoff's command hook, against a fake Anthropic API.
 
 Each test builds a throwaway project whose ``.claude/settings.json`` sends Bash (and Write,
-Edit, NotebookEdit, MCP tools) through ``signoff-hook claude-code``, points the CLI at
+Edit, NotebookEdit, MCP tools) through ``signoff-hook claude-code`` — before each call
+(PreToolUse) and after it (PostToolUse, PostToolUseFailure: the report) — points the CLI at
 :mod:`tests.e2e.fake_anthropic` on loopback, and runs ``claude -p`` once. The scripted model
 asks for one Bash command that writes a marker file; Signoff (a real server, SQLite) holds
 it under a gate on ``Bash`` until the test votes as a person would.
@@ -70,7 +71,8 @@ CONFIG: dict[str, Any] = {
                     "approvers": ["alice", "bob"],
                     "quorum": 1,
                     "timeout": "10m",
-                }
+                },
+                {"type": "audit_log", "tools": ["*"]},
             ]
         }
     },
@@ -87,10 +89,20 @@ def hook_handler() -> dict[str, Any]:
     return {"type": "command", "command": command, "args": ["hook", *timeout_args], "timeout": HOOK_TIMEOUT}
 
 
-def gated_settings(handler: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "hooks": {"PreToolUse": [{"matcher": "^(Bash|Write|Edit|NotebookEdit)$|^mcp__", "hooks": [handler]}]}
-    }
+def gated_settings(handler: dict[str, Any], report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """PreToolUse through ``handler``; PostToolUse and PostToolUseFailure through ``report``."""
+    matcher = "^(Bash|Write|Edit|NotebookEdit)$|^mcp__"
+    hooks = {"PreToolUse": [{"matcher": matcher, "hooks": [handler]}]}
+    if report is not None:
+        for event in ("PostToolUse", "PostToolUseFailure"):
+            hooks[event] = [{"matcher": matcher, "hooks": [report]}]
+    return {"hooks": hooks}
+
+
+def report_handler() -> dict[str, Any]:
+    handler = hook_handler()
+    args = [*handler["args"][: handler["args"].index("--timeout")], "--timeout", "10"]
+    return {**handler, "args": args, "timeout": 10}
 
 
 @pytest.fixture
@@ -150,7 +162,7 @@ def project(tmp_path: Path) -> Project:
     p = Project(root=tmp_path / "project", home=tmp_path / "home", tmp=tmp_path / "tmp")
     for directory in (p.root, p.home, p.tmp):
         directory.mkdir()
-    p.configure(gated_settings(hook_handler()))
+    p.configure(gated_settings(hook_handler(), report_handler()))
     return p
 
 
@@ -298,6 +310,13 @@ def denial_ids(run: Run) -> list[str]:
     return [d.get("tool_use_id") for d in run.output.get("permission_denials", [])]
 
 
+async def reported_calls(server: Server, admin_headers: dict[str, str]) -> list[dict[str, Any]]:
+    """The executed calls the server was told of (the ``audit_log`` hook records each report)."""
+    async with admin_client(server.url, admin_headers) as admin:
+        events = (await admin.get("/v1/admin/audit")).json()
+    return [e["detail"] for e in events if e["action"] == "tool_call"]
+
+
 async def test_approved_command_runs(
     claude: Claude, project: Project, server: Server, agent_key: str, admin_headers: dict[str, str]
 ) -> None:
@@ -322,6 +341,76 @@ async def test_approved_command_runs(
     (result,) = fake.tool_results()
     assert not result.get("is_error")
     assert "Signoff" not in fake.tool_result_text()
+
+    # The PostToolUse hook reported the call that ran: same session and tool use, so same key.
+    (reported,) = await reported_calls(server, admin_headers)
+    assert (reported["tool"], reported["arguments"]["command"]) == ("Bash", project.command)
+    assert (reported["session_id"], reported["tool_call_id"]) == (request["session_id"], script.tool_use_id)
+    assert reported["error"] is None
+
+
+async def test_an_edited_command_runs_as_edited_and_is_reported_under_the_same_key(
+    claude: Claude, project: Project, runtime: Runtime, agent_key: str, admin_headers: dict[str, str]
+) -> None:
+    """Signoff answers ``allow`` with ``modified_arguments`` (here from a server-side rewrite,
+    as an approver's edit would): Claude Code runs the ``updatedInput``, and the PostToolUse
+    report carries that input under the PreToolUse call's key."""
+    from signoff.hooks import HookContext, HookRegistry, HookResult
+    from tests.hooks.test_edits_server import POST, PRE, Recorder
+
+    edited = project.root / "edited.txt"
+
+    class EditCommand:
+        name = "edit command"
+        priority = 50
+
+        def matches(self, ctx: HookContext) -> bool:
+            return ctx.tool_name == "Bash"
+
+        async def before_tool_use(self, ctx: HookContext) -> HookResult:
+            command = str(ctx.arguments["command"]).replace(str(project.marker), str(edited))
+            return HookResult.allow(modified_arguments={**ctx.arguments, "command": command})
+
+    configured = runtime.registries[AGENT]
+    runtime.registries[AGENT] = HookRegistry(
+        pre_tool_use=[EditCommand(), *configured.pre_tool_use], post_tool_use=configured.post_tool_use
+    )
+    server = Server(runtime)
+    recorder = Recorder(server._server.config.app)
+    server._server.config.app = recorder
+    async with server, FakeAnthropic(project.script()) as fake:
+        request, run = await decide_while_claude_waits(
+            claude, project, fake, server, agent_key, admin_headers, Verdict.APPROVE, "alice"
+        )
+        reported = await reported_calls(server, admin_headers)
+
+    assert run.returncode == 0, run.stderr
+    assert not project.marker.exists(), "the original command never ran"
+    assert edited.read_text() == "signoff-ran\n", "Claude Code ran the approved (edited) input"
+    assert request["arguments"]["command"] == f"echo signoff-ran > {edited}"
+    (report,) = recorder.bodies[POST]
+    assert report["arguments"]["command"] == f"echo signoff-ran > {edited}", "the input it ran with"
+    assert (
+        report["idempotency_key"] == f"claude-code:{run.output['session_id']}:{project.script().tool_use_id}"
+    )
+    assert {b["idempotency_key"] for b in recorder.bodies[PRE]} == {report["idempotency_key"]}
+    assert [r["arguments"]["command"] for r in reported] == [f"echo signoff-ran > {edited}"]
+
+
+async def test_a_failed_command_is_reported_with_its_error(
+    claude: Claude, project: Project, server: Server, agent_key: str, admin_headers: dict[str, str]
+) -> None:
+    """A tool that fails fires PostToolUseFailure, not PostToolUse: it ran, so it is reported."""
+    script = Script("Bash", {"command": "echo oops >&2; exit 3", "description": "Fail"})
+    async with FakeAnthropic(script) as fake:
+        _, run = await decide_while_claude_waits(
+            claude, project, fake, server, agent_key, admin_headers, Verdict.APPROVE, "alice"
+        )
+    assert run.returncode == 0, run.stderr
+    (reported,) = await reported_calls(server, admin_headers)
+    assert reported["arguments"]["command"] == "echo oops >&2; exit 3"
+    assert reported["error"].startswith("Exit code 3")
+    assert reported["tool_call_id"] == script.tool_use_id
 
 
 async def test_hook_blocks_a_rejected_command_and_the_model_reads_the_reason(

@@ -68,6 +68,13 @@ def state(request_id: str = "req-1", status: str = "pending", **extra: Any) -> h
     return httpx.Response(200, json=record(request_id, status, **extra))
 
 
+def reported(body: dict[str, Any]) -> httpx.Response:
+    """A 200 answer to ``POST /v1/hooks/post-tool-use`` that keeps the result."""
+    return httpx.Response(
+        200, json={"decision": "allow", "reason": None, "modified": False, "result": body.get("result")}
+    )
+
+
 def route_of(request: httpx.Request) -> str:
     path = request.url.path
     if path == "/v1/hooks/pre-tool-use":
@@ -86,6 +93,7 @@ class Scripted:
 
     Each route's replies are used in order; the last one repeats. An exception in a
     script is raised (a dropped connection); a callable is called with the request.
+    Reports of executed calls (``report``) are taken, unless scripted otherwise.
     """
 
     def __init__(self) -> None:
@@ -100,6 +108,8 @@ class Scripted:
         self.requests.append(request)
         route = route_of(request)
         script = self.scripts.get(route)
+        if not script and route == "report":
+            return reported(json.loads(request.content))
         if not script:
             raise AssertionError(f"unexpected request to {route}: {request.method} {request.url}")
         reply = script.pop(0) if len(script) > 1 else script[0]

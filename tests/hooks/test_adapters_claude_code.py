@@ -6,13 +6,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from signoff.hooks.adapters.claude_code import build_output, internal_deadline, main
+from signoff.hooks.adapters.claude_code import REPORT_DEADLINE, build_output, internal_deadline, main
 from signoff.hooks.client import GateClient, GateDecision
 from tests.hooks.signoff_fakes import KEY, URL, LiveSignoff, Scripted, pending, state, submitted
 
@@ -161,7 +162,7 @@ def test_401_exits_2() -> None:
         ({**HOOK_INPUT, "tool_name": None}, "tool_name"),
         ({**HOOK_INPUT, "tool_input": "ls"}, "tool_input"),
         ({**HOOK_INPUT, "tool_use_id": 7}, "tool_use_id"),
-        ({**HOOK_INPUT, "hook_event_name": "PostToolUse"}, "PostToolUse"),
+        ({**HOOK_INPUT, "hook_event_name": "UserPromptSubmit"}, "UserPromptSubmit"),
     ],
 )
 def test_malformed_stdin_exits_2(hook_input: Any, message: str) -> None:
@@ -221,6 +222,100 @@ def test_an_unwritable_stdout_exits_2() -> None:
     client = GateClient(URL, KEY, transport=httpx.MockTransport(fake))
     code = main([], io.StringIO(json.dumps(HOOK_INPUT)), Closed(), stderr=io.StringIO(), client=client)
     assert code == 2
+
+
+# --------------------------------------------------------------------------- PostToolUse: the report
+
+# As Claude Code 2.1.332 sends them (captured from the real CLI): the same session and tool use
+# ids as the PreToolUse event, and the input the tool ran with (the updatedInput, if any).
+POST_INPUT: dict[str, Any] = {
+    **{k: v for k, v in HOOK_INPUT.items() if k != "tool_input"},
+    "effort": {"level": "medium"},
+    "hook_event_name": "PostToolUse",
+    "tool_input": {"command": "rm -rf ./build", "description": "clean"},
+    "tool_response": {"stdout": "", "stderr": "", "interrupted": False, "isImage": False},
+    "duration_ms": 128,
+}
+FAILURE_INPUT: dict[str, Any] = {
+    **{k: v for k, v in POST_INPUT.items() if k not in ("tool_response",)},
+    "hook_event_name": "PostToolUseFailure",
+    "error": "Exit code 3\noops",
+    "is_interrupt": False,
+}
+
+
+def test_post_tool_use_reports_the_call_under_the_pre_tool_use_key() -> None:
+    fake = Scripted().on("submit", submitted("allow"))
+    assert run_hook(fake)[0] == 0
+    code, out, err = run_hook(fake, POST_INPUT)
+    assert (code, out, err) == (0, "", "")
+    (asked,) = fake.bodies()
+    (report,) = fake.bodies("report")
+    assert report["idempotency_key"] == asked["idempotency_key"] == "claude-code:abc123:toolu_01ABC123"
+    assert report["tool_name"] == "Bash"
+    assert report["arguments"] == POST_INPUT["tool_input"], "the input it ran with"
+    assert report["result"] == POST_INPUT["tool_response"]
+    assert (report["session_id"], report["tool_call_id"]) == ("abc123", "toolu_01ABC123")
+    assert report["metadata"] == asked["metadata"]
+    assert "error" not in report
+
+
+def test_post_tool_use_failure_reports_the_error() -> None:
+    fake = Scripted()
+    code, out, _ = run_hook(fake, FAILURE_INPUT, "--user-id", "dev-1")
+    assert (code, out) == (0, "")
+    (report,) = fake.bodies("report")
+    assert report["error"] == "Exit code 3\noops"
+    assert report["result"] is None
+    assert report["user_id"] == "dev-1"
+    assert report["idempotency_key"] == "claude-code:abc123:toolu_01ABC123"
+
+
+def test_a_report_never_blocks_the_agent_when_signoff_is_down() -> None:
+    fake = Scripted().on("report", httpx.ConnectError("[Errno 111] Connection refused"))
+    started = time.monotonic()
+    code, out, err = run_hook(fake, POST_INPUT, "--timeout", "3600")
+    assert (code, out) == (0, ""), "exit 0: the call already ran, nothing to block"
+    assert time.monotonic() - started < REPORT_DEADLINE + 1, "a short deadline, whatever --timeout says"
+    assert "did not get the report" in err
+    assert len(fake.sent("report")) >= 2, "retried within its deadline"
+
+
+@pytest.mark.parametrize(
+    "hook_input",
+    [
+        {**POST_INPUT, "tool_input": "ls"},
+        {**POST_INPUT, "tool_name": None},
+        {**POST_INPUT, "session_id": 7},
+    ],
+    ids=["tool_input", "tool_name", "session_id"],
+)
+def test_a_malformed_post_tool_use_input_exits_0(hook_input: dict[str, Any]) -> None:
+    fake = Scripted()
+    code, out, err = run_hook(fake, hook_input)
+    assert (code, out) == (0, "")
+    assert "could not report" in err
+    assert fake.requests == []
+
+
+def test_a_bug_while_reporting_exits_0() -> None:
+    class Broken(GateClient):
+        def post_tool_use(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("bug")
+
+    code, out, err = run_hook(None, POST_INPUT, client=Broken(URL, KEY))
+    assert (code, out) == (0, "")
+    assert "RuntimeError: bug" in err
+
+
+def test_a_large_tool_response_is_cut_to_fit_the_report() -> None:
+    fake = Scripted()
+    big = {**POST_INPUT, "tool_response": {"stdout": "x" * 200_000}}
+    assert run_hook(fake, big)[0] == 0
+    (report,) = fake.bodies("report")
+    assert report["result"]["truncated"] is True
+    assert report["result"]["bytes"] > 200_000
+    assert len(fake.sent("report")[0].content) < 32 * 1024
 
 
 def test_build_output_never_allows_a_failure_or_pending() -> None:

@@ -80,6 +80,11 @@ def test_approved_call_runs() -> None:
     assert body["arguments"] == {"path": "/data"}
     assert body["idempotency_key"] == "langchain:thread-7:call_1"
     assert body["user_id"] == "dev-1"
+    (report,) = fake.bodies("report")
+    assert report["idempotency_key"] == "langchain:thread-7:call_1"
+    assert (report["tool_name"], report["arguments"]) == ("delete_file", {"path": "/data"})
+    assert report["result"] == "deleted /data"
+    assert "error" not in report
 
 
 def test_rejected_call_does_not_run_and_the_model_sees_why() -> None:
@@ -93,6 +98,7 @@ def test_rejected_call_does_not_run_and_the_model_sees_why() -> None:
     assert message.status == "error"
     assert message.tool_call_id == "call_1"
     assert message.content == "The tool call was denied: Rejected by Bob (slack): prod data."
+    assert fake.sent("report") == [], "a call that did not run is not reported"
 
 
 def test_every_tool_is_gated_by_default() -> None:
@@ -110,6 +116,34 @@ def test_rewritten_arguments_are_used() -> None:
     agent = make_agent(SignoffMiddleware(sync_client(fake), tools=["delete_file"]), ran)
     agent.invoke({"messages": [("user", "clean up")]}, CONFIG)
     assert sorted(ran) == ["delete /tmp/scratch", "list"]
+    (report,) = fake.bodies("report")
+    assert report["arguments"] == {"path": "/tmp/scratch"}, "the arguments it ran with"
+
+
+def test_a_tool_that_raises_is_reported_with_the_error() -> None:
+    fake = Scripted().on("submit", submitted("allow"))
+
+    @tool
+    def delete_file(path: str) -> str:
+        """Delete a file."""
+        raise PermissionError("read-only file system")
+
+    model = ToolCallingFakeModel(
+        messages=iter(
+            [
+                AIMessage(
+                    content="", tool_calls=[{"name": "delete_file", "args": {"path": "/p"}, "id": "c"}]
+                ),
+                AIMessage(content="done"),
+            ]
+        )
+    )
+    agent = create_agent(model, [delete_file], middleware=[SignoffMiddleware(sync_client(fake))])
+    with pytest.raises(PermissionError):
+        agent.invoke({"messages": [("user", "x")]}, CONFIG)
+    (report,) = fake.bodies("report")
+    assert report["error"] == "PermissionError: read-only file system"
+    assert report["idempotency_key"] == "langchain:thread-7:c"
 
 
 @pytest.mark.parametrize(
@@ -154,6 +188,7 @@ def test_no_thread_id_gets_a_fresh_key() -> None:
     assert ":auto:" in fake.bodies()[0]["idempotency_key"], (
         "no thread id: a fresh key, never one that repeats"
     )
+    assert fake.bodies("report")[0]["idempotency_key"] == fake.bodies()[0]["idempotency_key"]
 
 
 def test_async_client_on_a_sync_agent_denies() -> None:
@@ -197,3 +232,5 @@ async def test_async_agent(kind: str) -> None:
         "langchain:thread-7:call_1",
         "langchain:thread-7:call_2",
     }
+    (report,) = fake.bodies("report")
+    assert (report["idempotency_key"], report["result"]) == ("langchain:thread-7:call_1", "deleted /data")

@@ -68,6 +68,13 @@ async def test_approved_call_runs_once(sync_client: bool) -> None:
     assert bodies[0]["arguments"] == {"path": "/data"}
     assert bodies[0]["user_id"] == "dev-1"
     assert [r.url.path for r in fake.sent("wait")] == ["/v1/requests/req-1/wait"]
+    (report,) = fake.bodies("report")
+    assert report["idempotency_key"] == "openai-agents:conv-1:call_1"
+    assert (report["tool_name"], report["arguments"], report["result"]) == (
+        "delete_file",
+        {"path": "/data"},
+        "deleted /data",
+    )
 
 
 async def test_rejected_call_never_runs_and_the_model_sees_why() -> None:
@@ -77,6 +84,7 @@ async def test_rejected_call_never_runs_and_the_model_sees_why() -> None:
     result = await signoff.run(agent, "clean up", run_config=NO_TRACING)
     assert ran == []
     assert outputs(result) == ["The tool call was denied: Rejected by Bob (slack): not today."]
+    assert fake.sent("report") == [], "a call that did not run is not reported"
 
 
 async def test_outright_allow_does_not_interrupt() -> None:
@@ -84,8 +92,10 @@ async def test_outright_allow_does_not_interrupt() -> None:
     signoff, agent, ran = setup(fake)
     result = await signoff.run(agent, "clean up", run_config=NO_TRACING)
     assert ran == ["/data"]
-    assert len(fake.requests) == 1
+    assert len(fake.sent("submit")) == 1
     assert result.interruptions == []
+    (report,) = fake.bodies("report")
+    assert report["idempotency_key"] == "openai-agents:conv-1:call_1"
 
 
 async def test_resolve_works_with_plain_needs_approval_true() -> None:
@@ -110,8 +120,23 @@ async def test_rewritten_arguments_are_rejected_because_they_cannot_be_applied()
     fake = Scripted().on("submit", submitted("allow", modified_arguments={"path": "/tmp"}))
     signoff, agent, ran = setup(fake)
     result = await signoff.run(agent, "clean up", run_config=NO_TRACING)
+    assert ran == [], "never the original call"
+    (output,) = outputs(result)
+    assert output.startswith(
+        "The tool call was denied: Signoff approved delete_file only with changed arguments"
+    )
+    assert 'path: "/data" → "/tmp"' in output, "the reason names the approved values"
+    assert fake.sent("report") == []
+
+
+async def test_run_refuses_hooks_that_would_not_report() -> None:
+    from agents import RunHooks
+
+    fake = Scripted().on("submit", submitted("allow"))
+    signoff, agent, ran = setup(fake)
+    with pytest.raises(TypeError, match="SignoffRunHooks"):
+        await signoff.run(agent, "clean up", run_config=NO_TRACING, hooks=RunHooks())
     assert ran == []
-    assert "cannot apply" in outputs(result)[0]
 
 
 async def test_malformed_arguments_are_rejected() -> None:

@@ -67,6 +67,13 @@ async def test_approved_call_runs_once(sync_client: bool) -> None:
     assert body["arguments"] == {"path": "a"}
     assert body["idempotency_key"] == "pydantic-ai:conv-1:pyd_ai_tool_call_id__delete_file"
     assert body["user_id"] == "dev-1"
+    (report,) = fake.bodies("report")
+    assert report["idempotency_key"] == body["idempotency_key"]
+    assert (report["tool_name"], report["arguments"], report["result"]) == (
+        "delete_file",
+        {"path": "a"},
+        "deleted a",
+    )
 
 
 async def test_rejected_call_never_runs_and_the_model_sees_why() -> None:
@@ -76,6 +83,7 @@ async def test_rejected_call_never_runs_and_the_model_sees_why() -> None:
     result = await agent.run("clean up")
     assert ran == []
     assert tool_returns(result) == ["The tool call was denied: Rejected by Bob (slack): keep it."]
+    assert fake.sent("report") == [], "a call that did not run is not reported"
 
 
 async def test_rewritten_arguments_are_used() -> None:
@@ -83,6 +91,24 @@ async def test_rewritten_arguments_are_used() -> None:
     agent, ran = make_agent(fake)
     await agent.run("clean up")
     assert ran == ["/tmp/only"]
+    (report,) = fake.bodies("report")
+    assert report["arguments"] == {"path": "/tmp/only"}, "the arguments it ran with"
+
+
+async def test_a_tool_that_raises_is_reported_with_the_error() -> None:
+    fake = Scripted().on("submit", submitted("allow"))
+    client = AsyncGateClient(URL, KEY, transport=httpx.MockTransport(fake), **FAST)
+    agent = Agent(TestModel(call_tools=["delete_file"]), capabilities=[SignoffApprovals(client)])
+
+    @agent.tool_plain
+    def delete_file(path: str) -> str:
+        raise PermissionError("read-only file system")
+
+    with pytest.raises(PermissionError):
+        await agent.run("clean up", conversation_id="conv-2")
+    (report,) = fake.bodies("report")
+    assert report["error"] == "PermissionError: read-only file system"
+    assert report["idempotency_key"] == "pydantic-ai:conv-2:pyd_ai_tool_call_id__delete_file"
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from signoff.app.runtime import Runtime
+from signoff.hooks.adapters.claude_code import REPORT_DEADLINE
 from tests.conftest import Server, free_port
 from tests.hooks.test_client_server import admin_client, pending_ids
 
@@ -95,6 +96,19 @@ async def test_nothing_listening_is_blocked_within_the_submit_deadline(how: str,
     assert err.startswith(f"Blocked by the Signoff approval hook: Signoff at {url} refused the connection")
     assert "`signoff serve` is running" in err
     assert "SIGNOFF_URL" in err
+
+
+@pytest.mark.parametrize("event", ["PostToolUse", "PostToolUseFailure"])
+async def test_a_report_with_nothing_listening_lets_the_agent_go_on_at_once(event: str) -> None:
+    """After the tool ran there is nothing to block: exit 0 within the report's short deadline,
+    whatever the hook's --timeout, with one line on stderr."""
+    url = f"http://127.0.0.1:{free_port()}"
+    post = {**GATED, "hook_event_name": event, "tool_response": "ok", "error": "Exit code 1"}
+    code, out, err, took = await run_hook(hook_env(url), post, "--timeout", "3600")
+    assert (code, out) == (0, "")
+    assert took <= REPORT_DEADLINE + MARGIN, took
+    assert err.count("\n") == 1
+    assert err.startswith("Signoff did not get the report of this pay_invoice call:")
 
 
 async def test_the_default_submit_deadline_is_five_seconds() -> None:

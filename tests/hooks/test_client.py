@@ -767,6 +767,36 @@ def test_a_report_carries_the_call_its_result_and_its_key(report: Callable[[Scri
     }
 
 
+def test_a_report_derives_the_key_from_the_ids_as_the_ask_does(report: Callable[[Scripted], Report]) -> None:
+    script = Scripted()
+    assert report(script)("t", {}, None, session_id="s", tool_call_id="c").delivered
+    assert script.bodies("report")[0]["idempotency_key"] == "python:s:c"
+    assert "idempotency_key" not in Scripted().bodies("report"), "nothing to derive it from: none sent"
+
+
+def test_a_report_cuts_a_large_result_and_error_to_fit(report: Callable[[Scripted], Report]) -> None:
+    script = Scripted()
+    huge = {"rows": ["x" * 100] * 2_000}
+    assert report(script)("t", {"q": 1}, huge, error="e" * 20_000).delivered
+    (body,) = script.bodies("report")
+    assert body["result"]["truncated"] is True
+    assert body["result"]["bytes"] > 200_000
+    assert body["result"]["head"].startswith('{"rows": ["xxx')
+    assert len(body["error"]) == 4000
+    assert len(script.sent("report")[0].content) < 24 * 1024, "well within the server's 64 KiB"
+    small = Scripted()
+    assert report(small)("t", {}, "x" * 10_000).delivered
+    assert small.bodies("report")[0]["result"] == "x" * 10_000
+
+
+def test_a_report_keeps_to_its_deadline(report: Callable[[Scripted], Report]) -> None:
+    started = time.monotonic()
+    sent = report(Scripted().on("report", httpx.ConnectError("refused")))("t", {}, None, deadline=0.3)
+    assert not sent.delivered
+    assert time.monotonic() - started < 2
+    assert "within 0.3s" in (sent.reason or "")
+
+
 def test_a_rewritten_result_is_handed_back(report: Callable[[Scripted], Report]) -> None:
     answer = {"decision": "allow", "reason": "truncated", "modified": True, "result": "o…"}
     sent = report(Scripted().on("report", httpx.Response(200, json=answer)))("t", {}, "ok" * 100)

@@ -36,7 +36,7 @@ HINT = re.compile(r"approve with: signoff requests approve (\w+) --as alice")
 
 SCRIPTS = {
     # script: (invoice number prefix, the gated call's idempotency key, module the script needs)
-    "python_client.py": ("INV-100", r"python:\w{8}:INV-1002", None),
+    "python_client.py": ("INV-100", r"python:\w{8}:INV-1002:[0-9a-f]{16}", None),
     "pydantic_ai_agent.py": ("INV-200", r"pydantic-ai:\w{32}:pyd_ai_\w+", "pydantic_ai"),
     "langchain_agent.py": ("INV-300", r"langchain:\w{32}:call_2", "langchain"),
     "openai_agents_agent.py": ("INV-400", r"openai-agents:\w{32}:call_2", "agents"),
@@ -196,9 +196,9 @@ async def test_python_client_example_fails_closed_when_signoff_is_down(spawn: Sp
     assert "paid invoice" not in out
 
 
-def claude_code_handler() -> tuple[str, dict[str, Any]]:
+def claude_code_handler(event: str = "PreToolUse") -> tuple[str, dict[str, Any]]:
     settings = json.loads((EXAMPLES / "claude_code_settings.json").read_text(encoding="utf-8"))
-    (group,) = settings["hooks"]["PreToolUse"]
+    (group,) = settings["hooks"][event]
     (handler,) = group["hooks"]
     return group["matcher"], handler
 
@@ -216,6 +216,19 @@ def test_claude_code_settings_snippet() -> None:
     # The hook must know Claude Code's timeout, to give up (exit 2) before Claude Code does.
     args = handler["args"]
     assert float(args[args.index("--timeout") + 1]) == handler["timeout"] >= 600
+
+
+@pytest.mark.parametrize("event", ["PostToolUse", "PostToolUseFailure"])
+def test_claude_code_settings_report_every_call_the_gate_sees(event: str) -> None:
+    """The same command reports the calls the PreToolUse hook gated, succeeded or failed."""
+    matcher, _ = claude_code_handler()
+    post_matcher, post = claude_code_handler(event)
+    assert post_matcher == matcher
+    assert (post["type"], post["command"], post["args"][:1]) == ("command", "signoff-hook", ["claude-code"])
+    # Claude Code waits for it, but never long: the report gives up after 2 s and exits 0.
+    assert float(post["args"][post["args"].index("--timeout") + 1]) == post["timeout"] <= 30
+    assert "onFailure" not in post, "a report that fails must not block anything"
+    assert "async" not in post, "claude -p ends async hooks with the run: the report would be lost"
 
 
 async def test_claude_code_settings_command_against_the_server(
@@ -260,3 +273,13 @@ async def test_claude_code_settings_command_against_the_server(
         "permissionDecision": "allow",
         "permissionDecisionReason": "Signoff: Approved by Alice Example (web)",
     }
+
+    # Once the command ran, the PostToolUse handler reports it and lets Claude Code go on.
+    _, post = claude_code_handler("PostToolUse")
+    report = {
+        **json.loads(hook_input("Bash", {"command": "make test"}, "t2")),
+        "hook_event_name": "PostToolUse",
+        "tool_response": {"stdout": "ok", "stderr": "", "interrupted": False},
+    }
+    code, out, err = await finish(await spawn(command, *post["args"], env=env), json.dumps(report).encode())
+    assert (code, out, err) == (0, "", "")

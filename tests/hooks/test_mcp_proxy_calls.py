@@ -9,7 +9,6 @@ from signoff.hooks.mcp_proxy._calls import (
     CallLedger,
     canonical_arguments,
     gated_tool_name,
-    report_result,
     waiting_text,
 )
 
@@ -92,13 +91,6 @@ def test_the_waiting_text_says_how_to_keep_waiting() -> None:
     assert "r1" in text
     assert "same arguments" in text
     assert "has not run" in text
-
-
-def test_a_huge_result_is_reported_as_a_summary() -> None:
-    small = {"content": [{"type": "text", "text": "ok"}]}
-    assert report_result(small) == small
-    huge = report_result({"content": [{"type": "text", "text": "x" * 400_000}], "isError": True})
-    assert huge == {"truncated": True, "bytes": huge["bytes"], "isError": True}
 
 
 # --------------------------------------------------------------------------- the command line
