@@ -58,6 +58,7 @@ DISPATCH_CONCURRENCY = 8  # signoff.app.outbox.Dispatcher's default
 LEASE_SECONDS = 3.0
 OUTAGE_429_SECONDS = 1.5
 OUTAGE_5XX_SECONDS = 1.5
+OUTAGE_MAX_SECONDS = 30.0  # how long an outage may wait for a card call to refuse
 SHORT_TIMEOUT_SECONDS = 4
 WORDS = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired", "cancelled": "Cancelled"}
 
@@ -463,13 +464,24 @@ async def drive(
         control = httpx.AsyncClient(base_url=procs.fake_url, timeout=5)
         kill_task = asyncio.create_task(killer())
 
+        async def down(mode: str, status: int, seconds: float) -> None:
+            # Down for ``seconds``, and on until a card call was refused: on a loaded machine
+            # a restart can take the whole window, and an outage nobody met tests nothing.
+            since = time.time()
+            await control.post("/control/outage", json={"mode": mode, "retry_after": 1})
+            await asyncio.sleep(seconds)
+            deadline = time.monotonic() + OUTAGE_MAX_SECONDS
+            while time.monotonic() < deadline:
+                log = (await control.get("/control/log")).json()
+                if any(e["t"] >= since and e.get("status") == status for e in log):
+                    return
+                await asyncio.sleep(0.2)
+
         async def outage() -> None:
             say("chat API down: 429 with Retry-After")
-            await control.post("/control/outage", json={"mode": "429", "retry_after": 1})
-            await asyncio.sleep(OUTAGE_429_SECONDS)
+            await down("429", 429, OUTAGE_429_SECONDS)
             say("chat API down: 5xx")
-            await control.post("/control/outage", json={"mode": "5xx"})
-            await asyncio.sleep(OUTAGE_5XX_SECONDS)
+            await down("5xx", 503, OUTAGE_5XX_SECONDS)
             await control.post("/control/outage", json={"mode": "off"})
             say("chat API back")
 
