@@ -222,7 +222,7 @@ async def test_unchanged_channels_keep_their_connection_and_changed_ones_are_reb
 # --- a real `signoff serve`: SIGHUP and `signoff config reload` -----------------------------------
 
 
-def wait_until(predicate: Any, timeout: float = 20) -> None:
+def wait_until(predicate: Any, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline
