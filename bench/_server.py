@@ -133,7 +133,7 @@ def drop_pg_database(name: str) -> None:
         psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
