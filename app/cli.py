@@ -423,7 +423,7 @@ SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]
 
 
 def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) -> None:
-    from signoff.app.hook_services import set_switch
+    from signoff.app.switches import set_switch
 
     async def work(session: AsyncSession, settings: Settings) -> None:
         await set_switch(
@@ -457,7 +457,7 @@ def readonly_off(
 @readonly_app.command("status")
 def readonly_status(switch: SwitchName = "read_only") -> None:
     """Print whether the switch is on."""
-    from signoff.app.hook_services import is_switch_on
+    from signoff.app.switches import is_switch_on
 
     async def work(session: AsyncSession, settings: Settings) -> bool:
         return await is_switch_on(session, switch)

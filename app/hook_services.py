@@ -13,17 +13,18 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
-from signoff.app.audit import Actor
+from signoff.app.audit import Action, Actor
 from signoff.app.db import UNAVAILABLE
 from signoff.app.intake import Approvals
-from signoff.app.models import RateBucket, Switch, utcnow
+from signoff.app.models import RateBucket, utcnow
 from signoff.app.redaction import redact
+from signoff.app.switches import is_switch_on
 from signoff.hooks import HookContext, HookResult, ServiceUnavailable
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Runtime
 
-__all__ = ["ServerHookServices", "is_switch_on", "set_switch"]
+__all__ = ["ServerHookServices"]
 
 log = logging.getLogger("signoff")
 
@@ -38,30 +39,6 @@ def _reachable() -> Iterator[None]:
         raise  # a value the database refuses: the hook fails, the call is denied
     except UNAVAILABLE as exc:
         raise ServiceUnavailable(f"the database is unavailable ({type(exc).__name__})") from exc
-
-
-async def is_switch_on(session: AsyncSession, name: str) -> bool:
-    on = (await session.exec(select(Switch.on).where(col(Switch.name) == name))).first()
-    return bool(on)
-
-
-async def set_switch(
-    session: AsyncSession, name: str, *, on: bool, actor: Actor, reason: str | None = None
-) -> Switch:
-    """Turn a switch on or off (audited); creates it on first use."""
-    row = (await session.exec(select(Switch).where(col(Switch.name) == name).with_for_update())).first()
-    if row is None:
-        row = Switch(name=name)
-        session.add(row)
-    previous = row.on
-    row.on, row.updated_at, row.updated_by, row.reason = on, utcnow(), actor.name or actor.id, reason
-    await audit.append(
-        session,
-        "switch_changed",
-        actor=actor,
-        detail={"switch": name, "on": on, "was": previous, "reason": reason},
-    )
-    return row
 
 
 class ServerHookServices:
@@ -154,7 +131,7 @@ class ServerHookServices:
         with _reachable():
             await audit.append(
                 self._session,
-                action,
+                Action(action),
                 actor=Actor("agent", ctx.agent_id),
                 detail=redact(dict(detail), self._redact),
             )

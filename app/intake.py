@@ -129,7 +129,8 @@ async def write_new_requests(
         session.sync_session.info[OUTBOX_KEY] = True
     # The audit events last: on PostgreSQL the head row is locked until commit.
     await audit.append_many(
-        session, [audit.Entry("created", Actor("agent", n.row["agent_id"]), n.id, n.detail) for n in new]
+        session,
+        [audit.Entry(audit.Action.CREATED, Actor("agent", n.row["agent_id"]), n.id, n.detail) for n in new],
     )
     return answers
 

@@ -224,7 +224,7 @@ class Runtime:
         async with transaction(self.sessions) as session:
             await audit.append(
                 session,
-                "config_reloaded",
+                audit.Action.CONFIG_RELOADED,
                 actor=audit.SYSTEM,
                 detail={
                     "version": self.version,

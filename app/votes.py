@@ -176,7 +176,11 @@ async def _audit_refusal(
     session: AsyncSession, req: ConfirmationRequest, voter: Voter, detail: dict[str, Any], why: str
 ) -> None:
     await audit.append(
-        session, "vote_refused", actor=voter.actor, request_id=req.id, detail={**detail, "why": why}
+        session,
+        audit.Action.VOTE_REFUSED,
+        actor=voter.actor,
+        request_id=req.id,
+        detail={**detail, "why": why},
     )
 
 

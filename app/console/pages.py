@@ -12,6 +12,7 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries
+from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
@@ -242,7 +243,7 @@ async def request_view(
         row=row_of(req, approvals, config, now),
         gate=gate_of(req, config),
         votes=votes,
-        refused=[e for e in trail if e.action == "vote_refused"],
+        refused=[e for e in trail if e.action == Action.VOTE_REFUSED],
         trail=trail,
         deliveries=await queries.deliveries_for(session, request_id),
         hint=_hint(req, person, votes, config) if req.status == Status.PENDING else None,

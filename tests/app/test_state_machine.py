@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import col, select
 
+from signoff.app import audit
 from signoff.app.audit import Actor, verify_chain
 from signoff.app.db import transaction
 from signoff.app.eligibility import Voter
@@ -170,3 +171,12 @@ async def test_audit_chain_detects_edits_and_deletions(runtime: Runtime) -> None
     assert broken is not None
     assert broken.seq == 3
     assert "missing" in broken.problem
+
+
+async def test_the_audit_log_takes_only_the_actions_it_knows(runtime: Runtime) -> None:
+    with pytest.raises(ValueError, match="'approve'"):
+        async with transaction(runtime.sessions) as s:
+            await audit.append(s, "approve", actor=Actor("test"))  # type: ignore[arg-type]
+    async with runtime.sessions() as s:
+        assert (await s.exec(select(AuditEvent))).all() == []
+        assert await verify_chain(s) == (0, None)
