@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -67,7 +66,7 @@ class ClickService:
                 current = await get_request(session, click.request_id)
                 posted = await _posted_card(session, click.request_id, channel) if current else None
             # On a card of another channel the state machine refuses it (audited there).
-            gates = [g for g in gates_of(current) if g.get("channel") == channel] if current else []
+            gates = [g for g in gates_of(current) if g.channel == channel] if current else []
             if current is not None and gates:
                 why = _elsewhere(target, posted, click)
                 if why is None and self._needs_email(current, gates, voter):
@@ -100,7 +99,7 @@ class ClickService:
         card = build_card(result.request, votes, self._config, kind, channel=channel)
         return ClickOutcome(result.accepted, result.message, card)
 
-    def _needs_email(self, req: ConfirmationRequest, gates: list[Mapping[str, Any]], voter: Voter) -> bool:
+    def _needs_email(self, req: ConfirmationRequest, gates: list[GateSnapshot], voter: Voter) -> bool:
         """Whether the clicker's email could show the call was made for them: the request
         is open and names someone, a gate of this card the clicker may otherwise vote on
         forbids self-approval, and the ids alone do not tell (when both are people of the
@@ -109,7 +108,7 @@ class ClickService:
         if req.status != Status.PENDING or not any(requesters):
             return False
         eligible, _ = eligible_gates(gates, requesters=requesters, voter=voter, config=self._config)
-        if all(gates[i].get("allow_self_approval", False) for i in eligible):
+        if all(gates[i].allow_self_approval for i in eligible):
             return False  # no gate to vote on (refused anyway), or self-approval is allowed
         return voter.person is None or not any(self._config.recognise(r) for r in requesters)
 

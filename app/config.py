@@ -206,6 +206,17 @@ class SignoffConfig:
         return self._everyone.get(identity_key(user_id))
 
     @cached_property
+    def _agent_redact(self) -> dict[str, frozenset[str]]:
+        return {
+            agent: self.redact | frozenset(w.lower() for w in cfg.redact)
+            for agent, cfg in self.agents.items()
+        }
+
+    def redact_words(self, agent: str) -> frozenset[str]:
+        """The redact words for what ``agent`` sends: the global ones and the agent's own."""
+        return self._agent_redact.get(agent, self.redact)
+
+    @cached_property
     def _confirmation_gates(self) -> dict[str, tuple[tuple[str, ConfirmationGate], ...]]:
         keyed: dict[str, tuple[tuple[str, ConfirmationGate], ...]] = {}
         for agent, cfg in self.agents.items():

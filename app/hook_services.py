@@ -51,8 +51,7 @@ class ServerHookServices:
         self._session = session
         self._reads = runtime.reads
         self.approvals = Approvals(session, config, intake=runtime.intake)
-        extra = config.agents[agent_id].redact if agent_id in config.agents else ()
-        self._redact = config.redact | frozenset(w.lower() for w in extra)
+        self._redact = config.redact_words(agent_id)
         self._unsettled: asyncio.Task[HookResult] | None = None
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:

@@ -30,7 +30,6 @@ from signoff.app.schemas import (
     SwitchOut,
     Unprocessable,
 )
-from signoff.channels import Verdict
 
 router = APIRouter(
     prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep], route_class=StrictJSONRoute
@@ -84,7 +83,7 @@ async def decide_request(
         result = await decide(
             session,
             request_id,
-            verdict=Verdict(body.verdict),
+            verdict=body.verdict,
             operator=body.operator,
             config=runtime.config,
             reason=body.reason,
