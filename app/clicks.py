@@ -13,9 +13,10 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.cards import build_card
+from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
-from signoff.app.eligibility import NOT_HERE, Voter, eligible_gates, gates_of
+from signoff.app.eligibility import NOT_HERE, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Delivery, Status, Vote
 from signoff.app.state_machine import get_request
 from signoff.app.votes import VoteResult, cast_vote, refuse_vote, votes_for
@@ -45,12 +46,10 @@ class ClickService:
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
         kind = self._config.channel_type(channel)
-        person = self._config.person_for(kind, click.user_id) or self._config.person_for(
-            kind, click.identity.get("union_id", "")
-        )
+        known = (self._config.person_for(kind, uid) for uid in identity_of(kind).clicker_ids(click))
+        person = next((p for p in known if p is not None), None)
         voter = Voter(
             channel=channel,
-            channel_type=kind,
             user_id=click.user_id,
             # The directory name for people it knows; the platform's name for everyone else.
             name=self._config.display_name(person) if person else click.user_name,

@@ -83,7 +83,6 @@ class Voter:
     """Someone voting: where, their id there, and who they are in the directory (if known)."""
 
     channel: str
-    channel_type: str
     user_id: str
     name: str | None = None
     person: str | None = None

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
 from signoff.app.cli import app as cli_app
 from signoff.app.config import ConfigError, SignoffConfig, load_config, parse_config
+from signoff.channels import slack
 from signoff.channels.fake import FakeChannel
 from signoff.hooks import HookContext
 from tests.conftest import DEFAULT_CONFIG
@@ -37,9 +38,11 @@ class ChatLikeConfig(BaseModel):
 
 @pytest.fixture
 def slack_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A channel type named ``slack`` (the raw-id rule is keyed on the type's name)."""
+    """A channel type named ``slack`` with Slack's rules for user ids (and no Slack client)."""
     monkeypatch.setitem(
-        CHANNEL_TYPES, "slack", ChannelType(ChatLikeConfig, lambda name, cfg: FakeChannel(name))
+        CHANNEL_TYPES,
+        "slack",
+        ChannelType(ChatLikeConfig, lambda name, cfg: FakeChannel(name), slack.IDENTITY),
     )
 
 

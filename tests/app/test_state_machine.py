@@ -58,7 +58,6 @@ async def test_transition_table(runtime: Runtime, source: Status, target: Status
 def voter(person: str, user_id: str | None = None) -> Voter:
     return Voter(
         channel="chat",
-        channel_type="fake",
         user_id=user_id or f"U_{person.upper()}",
         person=person,
         name=person.title(),
@@ -113,7 +112,7 @@ async def test_non_approvers_and_the_requester_are_refused_and_audited(runtime: 
     async with transaction(runtime.sessions) as s:
         outsider = await cast_vote(s, req.id, voter=voter("carol"), verdict=Verdict.APPROVE, config=cfg)
         stranger = await cast_vote(
-            s, req.id, voter=Voter("chat", "fake", "U_NOBODY"), verdict=Verdict.APPROVE, config=cfg
+            s, req.id, voter=Voter("chat", "U_NOBODY"), verdict=Verdict.APPROVE, config=cfg
         )
         requester = await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
     assert outsider is not None

@@ -100,10 +100,10 @@ def voters(config: SignoffConfig, who: Entry, email_spelling: str) -> list[Voter
     """``who`` voting every way there is: a Slack or Feishu click, an operator decision, and a
     second account unknown to the directory whose looked-up email is theirs."""
     return [
-        Voter("ops-slack", "slack", who.slack, person=config.person_for("slack", who.slack)),
-        Voter("ops-feishu", "feishu", who.feishu, person=config.person_for("feishu", who.feishu)),
-        Voter("web", "web", who.key, person=config.person_for("web", who.key), operator=True),
-        Voter("ops-slack", "slack", "U0SECONDACCOUNT", email=email_spelling),
+        Voter("ops-slack", who.slack, person=config.person_for("slack", who.slack)),
+        Voter("ops-feishu", who.feishu, person=config.person_for("feishu", who.feishu)),
+        Voter("web", who.key, person=config.person_for("web", who.key), operator=True),
+        Voter("ops-slack", "U0SECONDACCOUNT", email=email_spelling),
     ]
 
 
@@ -169,8 +169,8 @@ def test_one_identifier_may_name_only_one_person() -> None:
 
 def test_an_unknown_requester_is_still_compared_in_any_spelling() -> None:
     config = parse_config({}, source="test.yaml")
-    stranger = Voter("ops-slack", "slack", "U0STRANGER", email="s@example.com")
-    gate: dict[str, Any] = {"approvers": [], "quorum": 1}
+    stranger = Voter("ops-slack", "U0STRANGER", email="s@example.com")
+    gate = GateSnapshot()
     for spelled in ("u0stranger", " U0STRANGER ", "S@Example.com"):
         why = gate_refusal(
             gate, channel="ops-slack", requesters=(spelled, spelled), voter=stranger, config=config
