@@ -146,5 +146,8 @@ class HookServices(Protocol):
         ...
 
     async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
-        """Append an event to the audit log (``detail`` is redacted before it is stored)."""
+        """Append an event to the audit log (``detail`` is redacted before it is stored).
+
+        ``action`` must be one the server's audit log knows (``tool_call``); any other
+        raises, and the hook fails."""
         ...
