@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from signoff.app.builtin_hooks._names import glob_patterns, tool_key
 from signoff.hooks._contract import HookContext
-from signoff.hooks.registry import DEFAULT_HOOK_TIMEOUT
 
 __all__ = ["MAX_HOOK_TIMEOUT", "HookEntry", "ToolFilter", "parse_duration", "result_text"]
 
@@ -53,12 +52,15 @@ class HookEntry(BaseModel):
     name: str = ""
     priority: int = 100
     """Lower runs earlier."""
-    timeout: timedelta = timedelta(seconds=DEFAULT_HOOK_TIMEOUT)
-    """How long the hook may take to answer; a hook that takes longer denies the call."""
+    timeout: timedelta | None = None
+    """How long the hook may take to answer (a hook that takes longer denies the call); by
+    default the hook registry's (``DEFAULT_HOOK_TIMEOUT``, 5 s)."""
 
     @field_validator("timeout", mode="before")
     @classmethod
-    def _parse_timeout(cls, value: Any) -> timedelta:
+    def _parse_timeout(cls, value: Any) -> timedelta | None:
+        if value is None:
+            return None
         timeout = parse_duration(value)
         if timeout > MAX_HOOK_TIMEOUT:
             raise ValueError(f"a hook may take at most {MAX_HOOK_TIMEOUT.total_seconds():g}s")
@@ -66,8 +68,8 @@ class HookEntry(BaseModel):
 
     @property
     def time_limit(self) -> float | None:
-        """Seconds the hook registry gives this hook."""
-        return self.timeout.total_seconds()
+        """Seconds the hook registry gives this hook (None: the registry's default)."""
+        return self.timeout.total_seconds() if self.timeout is not None else None
 
 
 class ToolFilter(HookEntry):

@@ -260,7 +260,7 @@ OTHER_HOOKS = [
 @pytest.mark.parametrize("hook", OTHER_HOOKS, ids=lambda h: str(h["type"]))
 def test_every_other_hook_takes_a_timeout_of_its_own(tmp_path: Path, hook: dict[str, Any]) -> None:
     default = load_config(write(tmp_path, doc(hook))).agents["finance-bot"].hooks[0]
-    assert default.time_limit == 5.0, "the hook registry's default"
+    assert default.time_limit is None, "the hook registry's default"
     two = load_config(write(tmp_path, doc({**hook, "timeout": "2s"}))).agents["finance-bot"].hooks[0]
     assert two.time_limit == 2.0
     assert_one_problem(tmp_path, doc({**hook, "timeout": "2m"}), f"{AGENT}.timeout", "at most 60s")
