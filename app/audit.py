@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,7 +16,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.models import AuditEvent, AuditHead, utcnow
 
-__all__ = ["Actor", "BrokenLink", "Entry", "append", "append_many", "event_hash", "verify_chain"]
+__all__ = ["Action", "Actor", "BrokenLink", "Entry", "append", "append_many", "event_hash", "verify_chain"]
 
 GENESIS = "0" * 64
 _EVENTS: sa.Table = AuditEvent.__table__  # type: ignore[attr-defined]
@@ -28,6 +29,27 @@ _TAKE_SEQS = (
 )
 _INSERT = sa.insert(_EVENTS)
 _SET_HASH = sa.update(_HEAD).where(_HEAD.c.id == 1).values(last_hash=sa.bindparam("new_hash"))
+
+
+class Action(StrEnum):
+    """Every kind of event the audit log holds: nothing is written under another name."""
+
+    CREATED = "created"
+    VOTE = "vote"
+    VOTE_REFUSED = "vote_refused"
+    # A request's transition, named after the status it moved to.
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    CALLBACK_REJECTED = "callback_rejected"
+    """A channel callback that failed verification."""
+    KEY_CREATED = "key_created"
+    KEY_REVOKED = "key_revoked"
+    SWITCH_CHANGED = "switch_changed"
+    CONFIG_RELOADED = "config_reloaded"
+    TOOL_CALL = "tool_call"
+    """A call recorded by an ``audit_log`` hook."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +98,7 @@ def event_hash(
 class Entry:
     """One event to append: what happened, who did it, to which request, and the details."""
 
-    action: str
+    action: Action
     actor: Actor = SYSTEM
     request_id: str | None = None
     detail: dict[str, Any] | None = None
@@ -84,7 +106,7 @@ class Entry:
 
 async def append(
     session: AsyncSession,
-    action: str,
+    action: Action,
     *,
     actor: Actor = SYSTEM,
     request_id: str | None = None,
@@ -109,13 +131,14 @@ async def append_many(session: AsyncSession, entries: Sequence[Entry]) -> None:
     rows = []
     for e in entries:
         seq += 1
+        action = Action(e.action).value  # refuses a name the log does not know
         # JSON round trip so the hash covers exactly what the database will return.
         detail = json.loads(json.dumps(e.detail or {}, default=str))
         digest = event_hash(
             seq=seq,
             prev_hash=prev,
             request_id=e.request_id,
-            action=e.action,
+            action=action,
             actor=e.actor,
             detail=detail,
             created_at=created_at,
@@ -124,7 +147,7 @@ async def append_many(session: AsyncSession, entries: Sequence[Entry]) -> None:
             {
                 "seq": seq,
                 "request_id": e.request_id,
-                "action": e.action,
+                "action": action,
                 "actor_channel": e.actor.channel,
                 "actor_id": e.actor.id,
                 "actor_name": e.actor.name,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from signoff.app.config import SignoffConfig
 from signoff.app.eligibility import gates_of
 from signoff.app.models import ConfirmationRequest, Status, Vote
-from signoff.channels import Card, GateProgress, Person
+from signoff.channels import Card, GateProgress, Person, Verdict
 
 __all__ = ["build_card"]
 
@@ -24,20 +24,19 @@ def build_card(
         return Person(key, key)
 
     gates = gates_of(req)
-    here = [i for i, g in enumerate(gates) if g.get("channel") == channel] or list(range(len(gates)))
-    approving = [v for v in votes if v.verdict == "approve"]
+    here = [i for i, g in enumerate(gates) if g.channel == channel] or list(range(len(gates)))
+    approving = [v for v in votes if v.verdict == Verdict.APPROVE]
 
     def approvals(gate: int) -> tuple[Person, ...]:
         return tuple(Person(v.name or v.voter, v.user_id) for v in approving if v.gate == gate)
 
     progress = tuple(
-        GateProgress(str(g.get("name", "")), int(g.get("quorum", 1)), approvals(i), here=i in here)
-        for i, g in enumerate(gates)
+        GateProgress(g.name, g.quorum, approvals(i), here=i in here) for i, g in enumerate(gates)
     )
     decided_by = None
     if req.status != Status.PENDING and req.decided_by_channel != "system":
         decided_by = Person(req.decided_by_name or req.decided_by_user_id or "", req.decided_by_user_id)
-    approvers = dict.fromkeys(a for i in here for a in gates[i].get("approvers") or ())
+    approvers = dict.fromkeys(a for i in here for a in gates[i].approvers)
     voters = {v.voter: Person(v.name or v.voter, v.user_id) for v in approving if v.gate in here}
     return Card(
         request_id=req.id,
@@ -56,6 +55,6 @@ def build_card(
         decided_by=decided_by,
         decided_at=req.decided_at,
         reason=req.reason,
-        require_reject_reason=any(bool(gates[i].get("require_reject_reason", False)) for i in here),
+        require_reject_reason=any(gates[i].require_reject_reason for i in here),
         gates=progress if len(gates) > 1 else (),
     )

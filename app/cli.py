@@ -313,12 +313,11 @@ def requests_list(
     """One request per line, id first, newest first."""
 
     async def work(session: AsyncSession, settings: Settings) -> list[ConfirmationRequest]:
-        stmt = select(ConfirmationRequest).order_by(col(ConfirmationRequest.created_at).desc()).limit(limit)
-        if status is not None:
-            stmt = stmt.where(col(ConfirmationRequest.status) == status)
-        if agent is not None:
-            stmt = stmt.where(col(ConfirmationRequest.agent_id) == agent)
-        return list((await session.exec(stmt)).all())
+        from signoff.app import queries
+
+        return await queries.list_requests(
+            session, queries.RequestFilter(status=status, agent=agent), limit=limit
+        )
 
     for r in _with_session(work):
         typer.echo(
@@ -352,7 +351,7 @@ def _decide(request_id: str, verdict: Verdict, reason: str | None, as_: str | No
             req = await get_request(session, request_id)
             if req is None:
                 return None
-            listed = dict.fromkeys(a for g in gates_of(req) for a in g.get("approvers") or ())
+            listed = dict.fromkeys(a for g in gates_of(req) for a in g.approvers)
             approvers = ", ".join(listed) or "anyone listed in people"
             raise CliError(
                 f"say who decides: `signoff requests {verdict.value} {request_id} --as NAME` "
@@ -423,7 +422,7 @@ SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]
 
 
 def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) -> None:
-    from signoff.app.hook_services import set_switch
+    from signoff.app.switches import set_switch
 
     async def work(session: AsyncSession, settings: Settings) -> None:
         await set_switch(
@@ -457,7 +456,7 @@ def readonly_off(
 @readonly_app.command("status")
 def readonly_status(switch: SwitchName = "read_only") -> None:
     """Print whether the switch is on."""
-    from signoff.app.hook_services import is_switch_on
+    from signoff.app.switches import is_switch_on
 
     async def work(session: AsyncSession, settings: Settings) -> bool:
         return await is_switch_on(session, switch)

@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -14,9 +13,10 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.cards import build_card
+from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
-from signoff.app.eligibility import NOT_HERE, Voter, eligible_gates, gates_of
+from signoff.app.eligibility import NOT_HERE, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Delivery, Status, Vote
 from signoff.app.state_machine import get_request
 from signoff.app.votes import VoteResult, cast_vote, refuse_vote, votes_for
@@ -46,12 +46,10 @@ class ClickService:
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
         kind = self._config.channel_type(channel)
-        person = self._config.person_for(kind, click.user_id) or self._config.person_for(
-            kind, click.identity.get("union_id", "")
-        )
+        known = (self._config.person_for(kind, uid) for uid in identity_of(kind).clicker_ids(click))
+        person = next((p for p in known if p is not None), None)
         voter = Voter(
             channel=channel,
-            channel_type=kind,
             user_id=click.user_id,
             # The directory name for people it knows; the platform's name for everyone else.
             name=self._config.display_name(person) if person else click.user_name,
@@ -67,7 +65,7 @@ class ClickService:
                 current = await get_request(session, click.request_id)
                 posted = await _posted_card(session, click.request_id, channel) if current else None
             # On a card of another channel the state machine refuses it (audited there).
-            gates = [g for g in gates_of(current) if g.get("channel") == channel] if current else []
+            gates = [g for g in gates_of(current) if g.channel == channel] if current else []
             if current is not None and gates:
                 why = _elsewhere(target, posted, click)
                 if why is None and self._needs_email(current, gates, voter):
@@ -100,7 +98,7 @@ class ClickService:
         card = build_card(result.request, votes, self._config, kind, channel=channel)
         return ClickOutcome(result.accepted, result.message, card)
 
-    def _needs_email(self, req: ConfirmationRequest, gates: list[Mapping[str, Any]], voter: Voter) -> bool:
+    def _needs_email(self, req: ConfirmationRequest, gates: list[GateSnapshot], voter: Voter) -> bool:
         """Whether the clicker's email could show the call was made for them: the request
         is open and names someone, a gate of this card the clicker may otherwise vote on
         forbids self-approval, and the ids alone do not tell (when both are people of the
@@ -109,7 +107,7 @@ class ClickService:
         if req.status != Status.PENDING or not any(requesters):
             return False
         eligible, _ = eligible_gates(gates, requesters=requesters, voter=voter, config=self._config)
-        if all(gates[i].get("allow_self_approval", False) for i in eligible):
+        if all(gates[i].allow_self_approval for i in eligible):
             return False  # no gate to vote on (refused anyway), or self-approval is allowed
         return voter.person is None or not any(self._config.recognise(r) for r in requesters)
 

@@ -28,7 +28,7 @@ from signoff.app.builtin_hooks.context_inject import ContextInject
 from signoff.app.builtin_hooks.rate_limit import RateLimit
 from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
 from signoff.app.builtin_hooks.result_truncate import ResultTruncate
-from signoff.app.channel_types import CHANNEL_TYPES, ChannelConfig
+from signoff.app.channel_types import CHANNEL_TYPES, ChannelConfig, identity_of
 
 HookConfig = ConfirmationGate | ReadOnlyGuard | RateLimit | ResultTruncate | AuditLog | ContextInject
 """Every hook type an agent's ``hooks`` list may hold, told apart by ``type``."""
@@ -69,12 +69,6 @@ DEFAULT_REDACT = (
 )
 """Redact words: a value is redacted under any key containing one, in any spelling (case,
 ``-``, ``_``, spaces, camelCase: see signoff.app.redaction)."""
-
-# A raw channel user id is accepted as an approver only if it looks like one.
-_RAW_ID = {
-    "slack": re.compile(r"^[UW][A-Z0-9]{2,}$"),
-    "feishu": re.compile(r"^(ou|on)_[A-Za-z0-9]+$"),
-}
 
 
 def identity_key(value: str) -> str:
@@ -204,6 +198,17 @@ class SignoffConfig:
         if user_id is None:
             return None
         return self._everyone.get(identity_key(user_id))
+
+    @cached_property
+    def _agent_redact(self) -> dict[str, frozenset[str]]:
+        return {
+            agent: self.redact | frozenset(w.lower() for w in cfg.redact)
+            for agent, cfg in self.agents.items()
+        }
+
+    def redact_words(self, agent: str) -> frozenset[str]:
+        """The redact words for what ``agent`` sends: the global ones and the agent's own."""
+        return self._agent_redact.get(agent, self.redact)
 
     @cached_property
     def _confirmation_gates(self) -> dict[str, tuple[tuple[str, ConfirmationGate], ...]]:
@@ -368,16 +373,17 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
                     problems.append(f"{where}.channel: no channel named {gate.channel!r} under channels")
                 continue
             kind = channels[gate.channel].type
+            identity = identity_of(kind)
+            if identity.user_id is None:
+                continue  # anyone in people, or any id: the channel type has no ids to check
             for j, approver in enumerate(gate.approvers):
                 if approver in doc.people:
-                    if kind in _RAW_ID and kind not in doc.people[approver].ids():
+                    if kind not in doc.people[approver].ids():
                         problems.append(
                             f"{where}.approvers[{j}]: {approver!r} has no {kind} id in people; "
                             f"add `{kind}: <user id>` to people.{approver}"
                         )
-                    continue
-                pattern = _RAW_ID.get(kind)
-                if pattern is not None and not pattern.match(approver):
+                elif not identity.is_user_id(approver):
                     problems.append(
                         f"{where}.approvers[{j}]: {approver!r} is neither in people nor a {kind} user id"
                     )

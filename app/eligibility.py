@@ -25,9 +25,10 @@ ways, and never to the voter's advantage:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, identity_key
@@ -37,6 +38,7 @@ __all__ = [
     "NOT_AN_APPROVER",
     "NOT_HERE",
     "OWN_CALL",
+    "GateSnapshot",
     "Voter",
     "eligible_gates",
     "gate_refusal",
@@ -49,12 +51,38 @@ NOT_AN_APPROVER = "You are not an approver for this request."
 OWN_CALL = "You cannot approve a call made on your own behalf."
 
 
+class GateSnapshot(BaseModel):
+    """One gate as a request recorded it (an entry of its ``gates``): what its approvers
+    decide by, whatever the configuration becomes. Read from the row by :func:`gates_of`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str = ""
+    """The gate's key among the agent's gates: its name, numbered when two share one."""
+    name: str = ""
+    channel: str = ""
+    """The channel its card goes to."""
+    approvers: tuple[str, ...] = ()
+    """Directory keys or raw channel user ids; empty: anyone who sees the card."""
+    quorum: int = 1
+    allow_self_approval: bool = False
+    require_reject_reason: bool = False
+    timeout_seconds: float = 0.0
+    """How long its approvers had."""
+    config_version: str | None = None
+    """The configuration the request was gated under (one for all its gates)."""
+
+    def stored(self) -> dict[str, object]:
+        """The snapshot as a request's ``gates`` column holds it (the version is the request's,
+        stored once with its first gate)."""
+        return self.model_dump(mode="json", exclude={"config_version"})
+
+
 @dataclass(frozen=True, slots=True)
 class Voter:
     """Someone voting: where, their id there, and who they are in the directory (if known)."""
 
     channel: str
-    channel_type: str
     user_id: str
     name: str | None = None
     person: str | None = None
@@ -113,7 +141,7 @@ def _is_approver(approvers: Iterable[str], voter: Voter, config: SignoffConfig) 
 
 
 def gate_refusal(
-    gate: Mapping[str, Any],
+    gate: GateSnapshot,
     *,
     channel: str,
     requesters: Iterable[str | None],
@@ -124,27 +152,31 @@ def gate_refusal(
     ``channel``), or None if they may."""
     if not voter.operator and voter.channel != channel:
         return NOT_HERE
-    approvers: list[str] = list(gate.get("approvers") or [])
-    if approvers and not _is_approver(approvers, voter, config):
+    if gate.approvers and not _is_approver(gate.approvers, voter, config):
         return NOT_AN_APPROVER
-    if not gate.get("allow_self_approval", False) and is_requester(requesters, voter, config):
+    if not gate.allow_self_approval and is_requester(requesters, voter, config):
         return OWN_CALL
     return None
 
 
-def gates_of(req: ConfirmationRequest) -> list[Mapping[str, Any]]:
-    """The request's gates in the order they run, each with its ``key``, ``name`` and
-    ``channel`` (a request made before several gates could ask has its one ``gate``)."""
+def gates_of(req: ConfirmationRequest) -> list[GateSnapshot]:
+    """The request's gates in the order they run (a request made before several gates could
+    ask has its one ``gate``, posted to the request's ``channel``)."""
+    first: Mapping[str, object] = req.gate
+    version = first.get("config_version")
+    known = {"config_version": version if isinstance(version, str) else None}
     if req.gates:
-        return list(req.gates)
-    return [{**req.gate, "key": str(req.gate.get("name", "")), "channel": req.channel}]
+        return [GateSnapshot.model_validate({**g, **known}) for g in req.gates]
+    return [
+        GateSnapshot.model_validate({"key": first.get("name", ""), **first, "channel": req.channel, **known})
+    ]
 
 
 _MOST_TELLING = {OWN_CALL: 0, NOT_AN_APPROVER: 1, NOT_HERE: 2}
 
 
 def eligible_gates(
-    gates: Iterable[Mapping[str, Any]],
+    gates: Sequence[GateSnapshot],
     *,
     requesters: Iterable[str | None],
     voter: Voter,
@@ -157,9 +189,7 @@ def eligible_gates(
     eligible: list[int] = []
     refusals: list[str] = []
     for i, gate in enumerate(gates):
-        why = gate_refusal(
-            gate, channel=str(gate.get("channel", "")), requesters=requesters, voter=voter, config=config
-        )
+        why = gate_refusal(gate, channel=gate.channel, requesters=requesters, voter=voter, config=config)
         if why is None:
             eligible.append(i)
         else:

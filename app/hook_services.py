@@ -13,17 +13,18 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
-from signoff.app.audit import Actor
+from signoff.app.audit import Action, Actor
 from signoff.app.db import UNAVAILABLE
 from signoff.app.intake import Approvals
-from signoff.app.models import RateBucket, Switch, utcnow
+from signoff.app.models import RateBucket, utcnow
 from signoff.app.redaction import redact
+from signoff.app.switches import is_switch_on
 from signoff.hooks import HookContext, HookResult, ServiceUnavailable
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Runtime
 
-__all__ = ["ServerHookServices", "is_switch_on", "set_switch"]
+__all__ = ["ServerHookServices"]
 
 log = logging.getLogger("signoff")
 
@@ -40,30 +41,6 @@ def _reachable() -> Iterator[None]:
         raise ServiceUnavailable(f"the database is unavailable ({type(exc).__name__})") from exc
 
 
-async def is_switch_on(session: AsyncSession, name: str) -> bool:
-    on = (await session.exec(select(Switch.on).where(col(Switch.name) == name))).first()
-    return bool(on)
-
-
-async def set_switch(
-    session: AsyncSession, name: str, *, on: bool, actor: Actor, reason: str | None = None
-) -> Switch:
-    """Turn a switch on or off (audited); creates it on first use."""
-    row = (await session.exec(select(Switch).where(col(Switch.name) == name).with_for_update())).first()
-    if row is None:
-        row = Switch(name=name)
-        session.add(row)
-    previous = row.on
-    row.on, row.updated_at, row.updated_by, row.reason = on, utcnow(), actor.name or actor.id, reason
-    await audit.append(
-        session,
-        "switch_changed",
-        actor=actor,
-        detail={"switch": name, "on": on, "was": previous, "reason": reason},
-    )
-    return row
-
-
 class ServerHookServices:
     """Writes go to the call's ``session`` (new requests through the runtime's intake
     while that session has not begun); reads of switches take a reading session, so a
@@ -74,8 +51,7 @@ class ServerHookServices:
         self._session = session
         self._reads = runtime.reads
         self.approvals = Approvals(session, config, intake=runtime.intake)
-        extra = config.agents[agent_id].redact if agent_id in config.agents else ()
-        self._redact = config.redact | frozenset(w.lower() for w in extra)
+        self._redact = config.redact_words(agent_id)
         self._unsettled: asyncio.Task[HookResult] | None = None
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
@@ -154,7 +130,7 @@ class ServerHookServices:
         with _reachable():
             await audit.append(
                 self._session,
-                action,
+                Action(action),
                 actor=Actor("agent", ctx.agent_id),
                 detail=redact(dict(detail), self._redact),
             )

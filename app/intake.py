@@ -35,7 +35,7 @@ from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring, transaction
-from signoff.app.eligibility import gates_of
+from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
 from signoff.app.redaction import redact
 from signoff.app.state_machine import OUTBOX_KEY, decision_for
@@ -129,7 +129,8 @@ async def write_new_requests(
         session.sync_session.info[OUTBOX_KEY] = True
     # The audit events last: on PostgreSQL the head row is locked until commit.
     await audit.append_many(
-        session, [audit.Entry("created", Actor("agent", n.row["agent_id"]), n.id, n.detail) for n in new]
+        session,
+        [audit.Entry(audit.Action.CREATED, Actor("agent", n.row["agent_id"]), n.id, n.detail) for n in new],
     )
     return answers
 
@@ -237,7 +238,7 @@ class Approvals:
                 f"(request {found.id}); send a new key for a new call"
             )
         self.request = found
-        if key not in {str(g.get("key", "")) for g in gates_of(found)}:
+        if key not in {g.key for g in gates_of(found)}:
             # Its approval never asked this gate (the configuration changed since, say).
             return HookResult.deny(
                 f"gate {key!r} was not asked in request {found.id} under idempotency key "
@@ -264,12 +265,9 @@ class Approvals:
         config = self._config
         matched = matched or self._matching(ctx, gate)
         now = self._now or utcnow()
-        words = (
-            config.redact | frozenset(w.lower() for w in config.agents[ctx.agent_id].redact)
-            if ctx.agent_id in config.agents
-            else config.redact
-        )
-        gates = [_snapshot(key, gate) for key, gate in matched]
+        words = config.redact_words(ctx.agent_id)
+        snapshots = [_snapshot(key, gate) for key, gate in matched]
+        gates = [s.stored() for s in snapshots]
         first = matched[0][1]
         row: dict[str, Any] = {
             "id": uuid.uuid4().hex,
@@ -295,7 +293,7 @@ class Approvals:
         detail = {
             "tool": ctx.tool_name,
             "gate": first.label,
-            "gates": [g["name"] for g in gates],
+            "gates": [s.name for s in snapshots],
             "channel": first.channel,
             "user_id": ctx.user_id,
             "config_version": config.version,
@@ -338,19 +336,18 @@ def _matches(gate: ConfirmationGate, ctx: HookContext) -> bool:
         return True  # a gate that cannot tell asks its approvers (fail closed)
 
 
-def _snapshot(key: str, gate: ConfirmationGate) -> dict[str, Any]:
-    """The gate as the request records it: what its approvers decide by, whatever the
-    configuration becomes."""
-    return {
-        "key": key,
-        "name": gate.label,
-        "channel": gate.channel,
-        "approvers": list(gate.approvers),
-        "quorum": gate.quorum,
-        "allow_self_approval": gate.allow_self_approval,
-        "require_reject_reason": gate.require_reject_reason,
-        "timeout_seconds": gate.timeout.total_seconds(),
-    }
+def _snapshot(key: str, gate: ConfirmationGate) -> GateSnapshot:
+    """The gate as the request records it."""
+    return GateSnapshot(
+        key=key,
+        name=gate.label,
+        channel=gate.channel,
+        approvers=gate.approvers,
+        quorum=gate.quorum,
+        allow_self_approval=gate.allow_self_approval,
+        require_reject_reason=gate.require_reject_reason,
+        timeout_seconds=gate.timeout.total_seconds(),
+    )
 
 
 def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:

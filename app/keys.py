@@ -73,7 +73,9 @@ async def create_key(session: AsyncSession, agent_id: str, *, actor: Actor) -> t
     token = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
     row = AgentKey(id=key_id, agent_id=agent_id, key_hash=_hash(token))
     session.add(row)
-    await audit.append(session, "key_created", actor=actor, detail={"agent_id": agent_id, "key_id": key_id})
+    await audit.append(
+        session, audit.Action.KEY_CREATED, actor=actor, detail={"agent_id": agent_id, "key_id": key_id}
+    )
     return row, token
 
 
@@ -153,7 +155,9 @@ async def revoke_keys(
         )
     ).all()
     for kid, agent in rows:
-        await audit.append(session, "key_revoked", actor=actor, detail={"agent_id": agent, "key_id": kid})
+        await audit.append(
+            session, audit.Action.KEY_REVOKED, actor=actor, detail={"agent_id": agent, "key_id": kid}
+        )
     if rows:
         # Revoked in this process: stop trusting remembered keys now, and again once the
         # revocation commits (a lookup in between could have remembered the key anew).

@@ -17,7 +17,6 @@ def operator_voter(operator: str, config: SignoffConfig, *, via: str = "web") ->
     person = config.person_for("web", operator)
     return Voter(
         channel="web",
-        channel_type="web",
         user_id=operator,
         name=config.display_name(person) if person else operator,
         person=person,

@@ -21,6 +21,7 @@ from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
 from signoff.app.state_machine import get_request
 from signoff.app.votes import votes_for
+from signoff.channels import Verdict
 
 __all__ = [
     "RequestFilter",
@@ -157,7 +158,7 @@ async def approvals_for(session: AsyncSession, request_ids: Iterable[str]) -> di
         return {}
     rows = await session.exec(
         select(col(Vote.request_id), sa.func.count())
-        .where(col(Vote.request_id).in_(ids), col(Vote.verdict) == "approve")
+        .where(col(Vote.request_id).in_(ids), col(Vote.verdict) == Verdict.APPROVE.value)
         .group_by(col(Vote.request_id))
     )
     return {str(rid): int(n) for rid, n in rows.all()}

@@ -111,6 +111,8 @@ class Runtime:
     registries: dict[str, HookRegistry] = field(default_factory=dict)
     intake: Intake = field(init=False)
     """Writes new requests, several calls per transaction when they arrive together."""
+    clicks: ClickService = field(init=False)
+    """Applies clicks from every channel under the current configuration."""
     version: str = ""
     """The loaded configuration's :func:`config_version`."""
     loaded_at: datetime = field(default_factory=utcnow)
@@ -121,6 +123,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions)
+        self.clicks = self._click_service()
         self.version = self.version or self.config.version
         metrics.CONFIG_INFO.clear()
         metrics.CONFIG_INFO.labels(self.version).set(1)
@@ -210,6 +213,7 @@ class Runtime:
         # One synchronous swap: no await between these lines, so every call sees one policy.
         self.config = config
         self.registries = _registries(config)
+        self.clicks = self._click_service()
         self.channels.clear()
         self.channels.update(kept | fresh)
         previous = self.version
@@ -224,7 +228,7 @@ class Runtime:
         async with transaction(self.sessions) as session:
             await audit.append(
                 session,
-                "config_reloaded",
+                audit.Action.CONFIG_RELOADED,
                 actor=audit.SYSTEM,
                 detail={
                     "version": self.version,
@@ -245,8 +249,7 @@ class Runtime:
             self.version, self.loaded_at, (), tuple(sorted(fresh)), tuple(sorted(ch.name for ch in retired))
         )
 
-    @property
-    def clicks(self) -> ClickService:
+    def _click_service(self) -> ClickService:
         return ClickService(self.sessions, self.config, reads=self.reads, channels=self.channels)
 
     async def recently_decided(self, since: Any) -> list[tuple[str, Any]]:

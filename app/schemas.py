@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from signoff.app.bodies import storable
-from signoff.app.eligibility import gates_of
+from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
+from signoff.channels import Verdict
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Reload
@@ -129,10 +130,10 @@ class VoteOut(BaseModel):
     created_at: datetime
 
     @classmethod
-    def of(cls, v: Vote, gates: Sequence[Mapping[str, Any]] = ()) -> VoteOut:
+    def of(cls, v: Vote, gates: Sequence[GateSnapshot] = ()) -> VoteOut:
         return cls(
             verdict=v.verdict,
-            gate=str(gates[v.gate].get("name", "")) if 0 <= v.gate < len(gates) else "",
+            gate=gates[v.gate].name if 0 <= v.gate < len(gates) else "",
             channel=v.channel,
             user_id=v.user_id,
             name=v.name,
@@ -210,23 +211,22 @@ class RequestOut(BaseModel):
             approvals=sum(min(g.approvals, g.quorum) for g in gates),
             votes=[VoteOut.of(v, snapshots) for v in votes],
             gates=gates,
-            config_version=r.gate.get("config_version"),
+            config_version=snapshots[0].config_version,
         )
 
 
 def _gate_out(
-    index: int, gate: Mapping[str, Any], votes: Sequence[Vote], gates: Sequence[Mapping[str, Any]]
+    index: int, gate: GateSnapshot, votes: Sequence[Vote], gates: Sequence[GateSnapshot]
 ) -> GateOut:
     mine = [v for v in votes if v.gate == index]
-    approvals = sum(1 for v in mine if v.verdict == "approve")
-    quorum = int(gate.get("quorum", 1))
+    approvals = sum(1 for v in mine if v.verdict == Verdict.APPROVE)
     return GateOut(
-        name=str(gate.get("name", "")),
-        channel=str(gate.get("channel", "")),
-        approvers=[str(a) for a in gate.get("approvers") or ()],
-        quorum=quorum,
+        name=gate.name,
+        channel=gate.channel,
+        approvers=list(gate.approvers),
+        quorum=gate.quorum,
         approvals=approvals,
-        approved=approvals >= quorum,
+        approved=approvals >= gate.quorum,
         votes=[VoteOut.of(v, gates) for v in mine],
     )
 
@@ -263,7 +263,7 @@ class AdminRequestOut(RequestOut):
 class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    verdict: Literal["approve", "reject"]
+    verdict: Verdict
     operator: Text = Field(min_length=1, max_length=200)
     reason: Text | None = Field(default=None, max_length=2000)
 

@@ -187,7 +187,7 @@ async def transition(
     await _mark_decided(session, [request_id], notified=postgres)
     # The audit events last: on PostgreSQL the head row stays locked until commit.
     await audit.append_many(
-        session, [*along, audit.Entry(target.value, actor, request_id, {"reason": reason})]
+        session, [*along, audit.Entry(audit.Action(target.value), actor, request_id, {"reason": reason})]
     )
     return True
 
@@ -230,7 +230,7 @@ async def expire_overdue(
     for rid in expired:
         await audit.append(
             session,
-            Status.EXPIRED.value,
+            audit.Action.EXPIRED,
             actor=Actor("system", "expiry"),
             request_id=rid,
             detail={"reason": "no decision before the deadline"},

@@ -7,7 +7,7 @@ applies them under the request's lock and moves the request through
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,7 @@ from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row, insert_unless_taken
-from signoff.app.eligibility import NOT_AN_APPROVER, Voter, eligible_gates, gates_of
+from signoff.app.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.state_machine import get_request, queue_updates, settle, transition
 from signoff.channels import Verdict
@@ -87,7 +87,7 @@ async def cast_vote(
         return await refuse(why or NOT_AN_APPROVER)
     if (
         verdict is Verdict.REJECT
-        and any(gates[i].get("require_reject_reason") for i in eligible)
+        and any(gates[i].require_reject_reason for i in eligible)
         and not (reason and reason.strip())
     ):
         return await refuse("A reason is required to reject this request.")
@@ -96,8 +96,8 @@ async def cast_vote(
     counted = [i for i in eligible if await _insert_vote(session, request_id, i, voter, verdict, reason, now)]
     if not counted:
         return await refuse("You have already voted on this request.")
-    names = [str(gates[i].get("name", "")) for i in counted]
-    voted = [audit.Entry("vote", voter.actor, request_id, {**detail, "gates": names})]
+    names = [gates[i].name for i in counted]
+    voted = [audit.Entry(audit.Action.VOTE, voter.actor, request_id, {**detail, "gates": names})]
 
     decided_by = voter.actor
     if verdict is Verdict.REJECT:
@@ -107,7 +107,7 @@ async def cast_vote(
         await settle(session, req, won, Status.REJECTED, decided_by, reason, now)
         return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
 
-    quorums = [int(g.get("quorum", 1)) for g in gates]
+    quorums = [g.quorum for g in gates]
     # One gate with a quorum of one: this vote is the approval (the request was pending, under lock).
     approvals = [1] if quorums == [1] else await _approvals(session, request_id, len(gates))
     if all(a >= q for a, q in zip(approvals, quorums, strict=True)):
@@ -122,7 +122,7 @@ async def cast_vote(
 
 
 def _progress(
-    gates: Sequence[Mapping[str, Any]],
+    gates: Sequence[GateSnapshot],
     counted: Sequence[int],
     approvals: Sequence[int],
     quorums: Sequence[int],
@@ -132,7 +132,7 @@ def _progress(
         return f"Approval recorded ({approvals[0]} of {quorums[0]})."
 
     def state(i: int) -> str:
-        return f"{gates[i].get('name', '')} {approvals[i]} of {quorums[i]}"
+        return f"{gates[i].name} {approvals[i]} of {quorums[i]}"
 
     waiting = [i for i in range(len(gates)) if approvals[i] < quorums[i]]
     recorded = ", ".join(state(i) for i in counted)
@@ -176,7 +176,11 @@ async def _audit_refusal(
     session: AsyncSession, req: ConfirmationRequest, voter: Voter, detail: dict[str, Any], why: str
 ) -> None:
     await audit.append(
-        session, "vote_refused", actor=voter.actor, request_id=req.id, detail={**detail, "why": why}
+        session,
+        audit.Action.VOTE_REFUSED,
+        actor=voter.actor,
+        request_id=req.id,
+        detail={**detail, "why": why},
     )
 
 
@@ -202,7 +206,7 @@ async def _approvals(session: AsyncSession, request_id: str, gates: int) -> list
     """Approving votes per gate (index), for a request of ``gates`` gates."""
     rows = await session.exec(
         select(col(Vote.gate), sa.func.count())
-        .where(col(Vote.request_id) == request_id, col(Vote.verdict) == "approve")
+        .where(col(Vote.request_id) == request_id, col(Vote.verdict) == Verdict.APPROVE.value)
         .group_by(col(Vote.gate))
     )
     counts = dict(rows.all())

@@ -8,6 +8,7 @@ Channels never touch the database: the server hands them a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +25,7 @@ __all__ = [
     "ClickOutcome",
     "DeliveryError",
     "GateProgress",
+    "Identity",
     "InteractiveChannel",
     "MessageRef",
     "PermanentDeliveryError",
@@ -138,6 +140,31 @@ class Click:
         texts += [*self.identity.keys(), *self.identity.values()]
         if not all(_storable(text) for text in texts):
             raise CallbackRejected(UNSTORABLE_TEXT, status_code=400)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """How a channel type names people: the form of its user ids, and what else in a click
+    names the clicker. The people directory holds each person's id per channel type
+    (``slack: U0ALICE``); these rules say what such an id looks like and how a click is
+    matched to it."""
+
+    user_id: re.Pattern[str] | None = None
+    """What a user id of this channel type looks like. With a pattern, an approver written
+    as a raw id must match it, and a person listed as an approver of a gate on this channel
+    type needs an id of this type in the directory. None: the channel type has no ids of
+    its own."""
+    aliases: tuple[str, ...] = ()
+    """Keys of :attr:`Click.identity` that name the clicker too, tried in order when the
+    directory does not know the click's ``user_id`` (Feishu's ``union_id``)."""
+
+    def is_user_id(self, value: str) -> bool:
+        """Whether ``value`` could be a user id of this channel type."""
+        return self.user_id is None or self.user_id.match(value) is not None
+
+    def clicker_ids(self, click: Click) -> list[str]:
+        """The ids naming whoever clicked, the click's ``user_id`` first."""
+        return [click.user_id, *(click.identity[k] for k in self.aliases if click.identity.get(k))]
 
 
 @dataclass(frozen=True, slots=True)

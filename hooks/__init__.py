@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from signoff.hooks._contract import (
         Decision,
         HookContext,
-        HookPoint,
         HookResult,
         HookServices,
         PostToolUseHook,
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Decision",
     "HookContext",
-    "HookPoint",
     "HookRegistry",
     "HookResult",
     "HookServices",

@@ -3,14 +3,15 @@
 A hook runs outside the model's reasoning at a fixed point of an agent's loop:
 ``PreToolUse`` (may deny or rewrite arguments), ``PostToolUse`` (may rewrite the
 result) and ``SessionStart`` (may add context). Hooks see a snapshot of the call
-and return a :class:`HookResult`; they never mutate what they were given.
+and return a :class:`HookResult`; they never mutate what they were given. A hook
+may say how long it may take with a ``time_limit`` attribute (seconds); without one the
+:class:`~signoff.hooks.HookRegistry` gives it its default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from signoff.hooks._decision import Decision
@@ -18,7 +19,6 @@ from signoff.hooks._decision import Decision
 __all__ = [
     "Decision",
     "HookContext",
-    "HookPoint",
     "HookResult",
     "HookServices",
     "PostToolUseHook",
@@ -26,12 +26,6 @@ __all__ = [
     "ServiceUnavailable",
     "SessionStartHook",
 ]
-
-
-class HookPoint(StrEnum):
-    PRE_TOOL_USE = "pre_tool_use"
-    POST_TOOL_USE = "post_tool_use"
-    SESSION_START = "session_start"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +65,6 @@ class HookResult:
     additional_context: str | None = None
     """SessionStart: text to add to the agent's context."""
     request_id: str | None = None
-    side_effects: tuple[str, ...] = ()
-    """What the hook did, for the audit trail."""
 
     @classmethod
     def allow(cls, **kwargs: Any) -> HookResult:
@@ -154,5 +146,8 @@ class HookServices(Protocol):
         ...
 
     async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
-        """Append an event to the audit log (``detail`` is redacted before it is stored)."""
+        """Append an event to the audit log (``detail`` is redacted before it is stored).
+
+        ``action`` must be one the server's audit log knows (``tool_call``); any other
+        raises, and the hook fails."""
         ...

@@ -1,4 +1,8 @@
-"""Runs an agent's hooks in priority order, each under a timeout, failing closed."""
+"""Runs an agent's hooks in priority order, each under a timeout, failing closed.
+
+A hook's timeout is its ``time_limit`` (seconds) when it has one, else the registry's
+``timeout``.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,14 @@ log = logging.getLogger("signoff.hooks")
 DEFAULT_HOOK_TIMEOUT = 5.0
 
 
+def _time_limit(hook: object, default: float) -> float:
+    """The seconds ``hook`` may take: its own ``time_limit`` if it sets a positive one."""
+    limit = getattr(hook, "time_limit", None)
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
+        return float(limit)
+    return default
+
+
 def _label(hook: object) -> str:
     """How answers name a hook: its ``label`` when it has one (the built-in hooks: their
     ``name``, or their type and tools), else its ``name``, else its class. Never empty."""
@@ -43,16 +55,14 @@ async def _guarded(name: str, call: Callable[[], Awaitable[HookResult]], timeout
     try:
         result = await asyncio.wait_for(call(), timeout)
     except TimeoutError:
-        return HookResult.deny(f"hook {name!r} did not answer within {timeout:g}s", side_effects=("failed",))
+        return HookResult.deny(f"hook {name!r} did not answer within {timeout:g}s")
     except ServiceUnavailable:
         raise
     except Exception as exc:
         log.exception("hook %s raised", name)
-        return HookResult.deny(f"hook {name!r} failed: {type(exc).__name__}", side_effects=("failed",))
+        return HookResult.deny(f"hook {name!r} failed: {type(exc).__name__}")
     if not isinstance(result, HookResult):
-        return HookResult.deny(
-            f"hook {name!r} returned {type(result).__name__}, not a HookResult", side_effects=("failed",)
-        )
+        return HookResult.deny(f"hook {name!r} returned {type(result).__name__}, not a HookResult")
     return result
 
 
@@ -64,6 +74,7 @@ class HookRegistry:
     post_tool_use: Sequence[PostToolUseHook] = ()
     session_start: Sequence[SessionStartHook] = ()
     timeout: float = DEFAULT_HOOK_TIMEOUT
+    """Seconds for each hook that sets no ``time_limit`` of its own."""
 
     def __post_init__(self) -> None:
         self.pre_tool_use = sorted(self.pre_tool_use, key=lambda h: h.priority)
@@ -77,7 +88,6 @@ class HookRegistry:
         ``modified_arguments``. A hook that raises, times out or returns
         anything but a :class:`HookResult` denies the call.
         """
-        effects: list[str] = []
         rewritten = False
         approved: HookResult | None = None  # a human's earlier approval, named in the answer
         for hook in self.pre_tool_use:
@@ -88,8 +98,7 @@ class HookRegistry:
                 return HookResult.deny(f"hook {name!r} failed to match: {type(exc).__name__}")
             if not applies:
                 continue
-            result = await _guarded(name, partial(hook.before_tool_use, ctx), self.timeout)
-            effects.extend(f"{name}: {e}" for e in result.side_effects)
+            result = await _guarded(name, partial(hook.before_tool_use, ctx), _time_limit(hook, self.timeout))
             if result.modified_arguments is not None and result.decision is Decision.ALLOW:
                 ctx = ctx.with_arguments(result.modified_arguments)
                 rewritten = True
@@ -101,18 +110,15 @@ class HookRegistry:
                     reason=result.reason,
                     request_id=result.request_id,
                     modified_arguments=ctx.arguments if rewritten else None,
-                    side_effects=tuple(effects),
                 )
         return HookResult(
             reason=approved.reason if approved else None,
             request_id=approved.request_id if approved else None,
             modified_arguments=ctx.arguments if rewritten else None,
-            side_effects=tuple(effects),
         )
 
     async def run_post_tool_use(self, ctx: HookContext) -> HookResult:
         """Run matching PostToolUse hooks, each seeing the previous one's result."""
-        effects: list[str] = []
         rewritten = False
         for hook in self.post_tool_use:
             name = _label(hook)
@@ -123,25 +129,24 @@ class HookRegistry:
                 continue
             if not applies:
                 continue
-            result = await _guarded(name, partial(hook.after_tool_use, ctx), self.timeout)
-            effects.extend(f"{name}: {e}" for e in result.side_effects)
+            result = await _guarded(name, partial(hook.after_tool_use, ctx), _time_limit(hook, self.timeout))
             if result.decision is Decision.DENY:
-                return HookResult.deny(result.reason or f"hook {name!r} denied", side_effects=tuple(effects))
+                return HookResult.deny(result.reason or f"hook {name!r} denied")
             if result.modified_result is not None:
                 ctx = ctx.with_result(result.modified_result)
                 rewritten = True
-        return HookResult(modified_result=ctx.result if rewritten else None, side_effects=tuple(effects))
+        return HookResult(modified_result=ctx.result if rewritten else None)
 
     async def run_session_start(self, ctx: HookContext) -> HookResult:
         """Run SessionStart hooks and join the context they add."""
         parts: list[str] = []
-        effects: list[str] = []
         for hook in self.session_start:
             name = _label(hook)
-            result = await _guarded(name, partial(hook.on_session_start, ctx), self.timeout)
-            effects.extend(f"{name}: {e}" for e in result.side_effects)
+            result = await _guarded(
+                name, partial(hook.on_session_start, ctx), _time_limit(hook, self.timeout)
+            )
             if result.decision is Decision.DENY:
-                return HookResult.deny(result.reason or f"hook {name!r} denied", side_effects=tuple(effects))
+                return HookResult.deny(result.reason or f"hook {name!r} denied")
             if result.additional_context:
                 parts.append(result.additional_context)
-        return HookResult(additional_context="\n\n".join(parts) or None, side_effects=tuple(effects))
+        return HookResult(additional_context="\n\n".join(parts) or None)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import Field
 
-from signoff.app.builtin_hooks._filter import ToolFilter
+from signoff.app.audit import Action
+from signoff.app.builtin_hooks._filter import ToolFilter, result_text
 from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["AuditLog"]
@@ -20,20 +20,16 @@ class AuditLog(ToolFilter):
     priority: int = 0
     """Runs first, so it records the result as the tool returned it."""
 
-    def matches(self, ctx: HookContext) -> bool:
-        return self.matches_tool(ctx.tool_name)
-
     async def after_tool_use(self, ctx: HookContext) -> HookResult:
         if ctx.services is None:
             return HookResult.deny(f"{self.label} has no audit log to write to")
         # Redacted before it is turned into text and cut: a secret under a key in the
         # result is lost to key-based redaction once stringified, and half a token cut off
         # no longer looks like one.
-        result = ctx.services.redact(ctx.result)
-        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+        text = result_text(ctx.services.redact(ctx.result))
         await ctx.services.record(
             ctx,
-            "tool_call",
+            Action.TOOL_CALL,
             {
                 "tool": ctx.tool_name,
                 "arguments": dict(ctx.arguments),
@@ -45,4 +41,4 @@ class AuditLog(ToolFilter):
                 "result": text[: self.result_chars],
             },
         )
-        return HookResult.allow(side_effects=("recorded",))
+        return HookResult.allow()

@@ -10,7 +10,6 @@ decides rather than the call slipping through.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from datetime import timedelta
 from functools import cached_property
@@ -19,30 +18,10 @@ from typing import Any, Literal
 import cel
 from pydantic import Field, field_validator, model_validator
 
-from signoff.app.builtin_hooks._filter import ToolFilter
+from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
 from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["ConfirmationGate", "parse_duration"]
-
-_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-
-
-def parse_duration(value: str | int | float | timedelta) -> timedelta:
-    """``90``, ``"45s"``, ``"30m"``, ``"2h"``, ``"1d"`` → a :class:`timedelta`."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(value)
-        if m is None:
-            raise ValueError(f"{value!r} is not a duration; write e.g. 90s, 30m, 2h or 1d")
-        seconds = float(int(m.group(1)) * _UNITS[m.group(2)])
-    if seconds <= 0:
-        raise ValueError("a duration must be positive")
-    return timedelta(seconds=seconds)
-
 
 _VARIABLES: dict[str, Callable[[HookContext], Any]] = {
     "args": lambda ctx: dict(ctx.arguments),
@@ -67,6 +46,8 @@ class ConfirmationGate(ToolFilter):
     """People from the directory, or raw channel user ids. Empty: anyone who sees the card."""
     quorum: int = Field(default=1, ge=1)
     timeout: timedelta = timedelta(minutes=30)
+    """How long its approvers have to decide (the request expires then). Not how long the
+    gate may take to ask: that is the hook registry's default."""
     allow_self_approval: bool = False
     require_reject_reason: bool = False
     priority: int = 100
@@ -75,6 +56,10 @@ class ConfirmationGate(ToolFilter):
     @classmethod
     def _parse_timeout(cls, value: Any) -> timedelta:
         return parse_duration(value)
+
+    @property
+    def time_limit(self) -> float | None:
+        return None
 
     @field_validator("when")
     @classmethod

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from signoff.app.builtin_hooks._filter import HookEntry
 from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["ContextInject"]
 
 
-class ContextInject(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ContextInject(HookEntry):
     type: Literal["context_inject"] = "context_inject"
     name: str = "context_inject"
     text: str = Field(min_length=1, max_length=20_000)
-    priority: int = 100
 
     async def on_session_start(self, ctx: HookContext) -> HookResult:
         return HookResult.allow(additional_context=self.text)

@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from signoff.app.builtin_hooks._filter import ToolFilter
-from signoff.app.builtin_hooks.confirmation_gate import parse_duration
+from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
 from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["RateLimit"]
@@ -28,9 +27,6 @@ class RateLimit(ToolFilter):
     def _parse_window(cls, value: Any) -> timedelta:
         return parse_duration(value)
 
-    def matches(self, ctx: HookContext) -> bool:
-        return self.matches_tool(ctx.tool_name)
-
     def bucket(self, ctx: HookContext) -> str:
         parts = {"agent": ctx.agent_id, "user": ctx.user_id or "-", "tool": ctx.tool_name}
         return f"{self.label}|" + "|".join(f"{p}={parts[p]}" for p in self.per)
@@ -46,7 +42,6 @@ class RateLimit(ToolFilter):
         if wait > 0:
             return HookResult.deny(
                 f"rate limit: at most {self.limit} calls of {ctx.tool_name} per {self.window}; "
-                f"try again in {wait:.0f}s",
-                side_effects=("limited",),
+                f"try again in {wait:.0f}s"
             )
         return HookResult.allow()

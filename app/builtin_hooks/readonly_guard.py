@@ -13,16 +13,13 @@ __all__ = ["ReadOnlyGuard"]
 class ReadOnlyGuard(ToolFilter):
     type: Literal["readonly_guard"] = "readonly_guard"
     switch: str = "read_only"
-    """The switch to watch (``signoff switches on read_only``)."""
+    """The switch to watch (``signoff readonly on|off --switch NAME``; ``read_only`` by default)."""
     reason: str = "Signoff is in read-only mode: {tool} is blocked until an operator turns it off."
     priority: int = 10
-
-    def matches(self, ctx: HookContext) -> bool:
-        return self.matches_tool(ctx.tool_name)
 
     async def before_tool_use(self, ctx: HookContext) -> HookResult:
         if ctx.services is None:
             return HookResult.deny(f"{self.label} cannot read the {self.switch!r} switch")
         if await ctx.services.is_switch_on(self.switch):
-            return HookResult.deny(self.reason.format(tool=ctx.tool_name), side_effects=("blocked",))
+            return HookResult.deny(self.reason.format(tool=ctx.tool_name))
         return HookResult.allow()

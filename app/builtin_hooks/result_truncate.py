@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import Field
 
-from signoff.app.builtin_hooks._filter import ToolFilter
+from signoff.app.builtin_hooks._filter import ToolFilter, result_text
 from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["ResultTruncate"]
@@ -18,19 +17,10 @@ class ResultTruncate(ToolFilter):
     max_chars: int = Field(default=8000, ge=1)
     marker: str = "\n…[truncated {dropped} of {total} characters]"
 
-    def matches(self, ctx: HookContext) -> bool:
-        return self.matches_tool(ctx.tool_name)
-
     async def after_tool_use(self, ctx: HookContext) -> HookResult:
-        text = (
-            ctx.result
-            if isinstance(ctx.result, str)
-            else json.dumps(ctx.result, ensure_ascii=False, default=str)
-        )
+        text = result_text(ctx.result)
         if len(text) <= self.max_chars:
             return HookResult.allow()
         kept = text[: self.max_chars]
         marker = self.marker.format(dropped=len(text) - self.max_chars, total=len(text))
-        return HookResult.allow(
-            modified_result=kept + marker, side_effects=(f"truncated {len(text)} → {self.max_chars}",)
-        )
+        return HookResult.allow(modified_result=kept + marker)

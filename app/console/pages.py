@@ -12,6 +12,7 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries
+from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
@@ -23,6 +24,7 @@ from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
 from signoff.app.state_machine import get_request
 from signoff.app.votes import votes_for
+from signoff.channels import Verdict
 
 __all__ = [
     "AuditView",
@@ -89,6 +91,7 @@ def _decided_by(req: ConfirmationRequest) -> str | None:
 
 def row_of(req: ConfirmationRequest, approvals: int, config: SignoffConfig, now: datetime) -> RequestRow:
     pending = req.status == Status.PENDING
+    first = gates_of(req)[0]
     return RequestRow(
         id=req.id,
         agent=req.agent_id,
@@ -97,8 +100,8 @@ def row_of(req: ConfirmationRequest, approvals: int, config: SignoffConfig, now:
         status=str(req.status),
         requester=_person(config, req.requester) or req.user_id,
         approvals=approvals,
-        quorum=int(req.gate.get("quorum", 1)),
-        gate=str(req.gate.get("name", "")),
+        quorum=first.quorum,
+        gate=first.name,
         channel=req.channel,
         created_at=req.created_at,
         expires_at=req.expires_at,
@@ -168,21 +171,21 @@ def _gate_rule(config: SignoffConfig, agent: str, name: str) -> ConfirmationGate
 
 
 def gate_of(req: ConfirmationRequest, config: SignoffConfig) -> GateView:
-    snap = req.gate
-    rule = _gate_rule(config, req.agent_id, str(snap.get("name", "")))
+    snap = gates_of(req)[0]
+    rule = _gate_rule(config, req.agent_id, snap.name)
     channel = config.channels.get(req.channel)
     return GateView(
-        name=str(snap.get("name", "")),
+        name=snap.name,
         channel=req.channel,
         channel_type=channel.type if channel is not None else "?",
-        approvers=[_person(config, a) or a for a in snap.get("approvers") or ()],
-        quorum=int(snap.get("quorum", 1)),
-        timeout=duration(float(snap.get("timeout_seconds", 0))),
-        allow_self_approval=bool(snap.get("allow_self_approval", False)),
-        require_reject_reason=bool(snap.get("require_reject_reason", False)),
+        approvers=[_person(config, a) or a for a in snap.approvers],
+        quorum=snap.quorum,
+        timeout=duration(snap.timeout_seconds),
+        allow_self_approval=snap.allow_self_approval,
+        require_reject_reason=snap.require_reject_reason,
         tools=rule.tools if rule else None,
         when=rule.when if rule else None,
-        config_version=snap.get("config_version"),
+        config_version=snap.config_version,
         current_version=config.version,
     )
 
@@ -216,12 +219,13 @@ def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: 
     # The state machine's own rule, asked in advance.
     voter = operator_voter(person, config)
     requesters = (req.requester, req.user_id)
-    _, why = eligible_gates(gates_of(req), requesters=requesters, voter=voter, config=config)
+    eligible, why = eligible_gates(gates_of(req), requesters=requesters, voter=voter, config=config)
     if why == NOT_AN_APPROVER:
         return "You are not one of this gate's approvers: your vote would be refused."
     if why == OWN_CALL:
         return "This call was made on your behalf: you cannot approve it."
-    if any(v.voter == voter.key for v in votes):
+    voted = {v.gate for v in votes if v.voter == voter.key}
+    if eligible and voted.issuperset(eligible):
         return "You have already voted on this request."
     return None
 
@@ -236,13 +240,13 @@ async def request_view(
         return None
     votes = await votes_for(session, request_id)
     trail = await queries.request_trail(session, request_id)
-    approvals = sum(1 for v in votes if v.verdict == "approve")
+    approvals = sum(1 for v in votes if v.verdict == Verdict.APPROVE)
     return RequestView(
         req=req,
         row=row_of(req, approvals, config, now),
         gate=gate_of(req, config),
         votes=votes,
-        refused=[e for e in trail if e.action == "vote_refused"],
+        refused=[e for e in trail if e.action == Action.VOTE_REFUSED],
         trail=trail,
         deliveries=await queries.deliveries_for(session, request_id),
         hint=_hint(req, person, votes, config) if req.status == Status.PENDING else None,

@@ -10,9 +10,8 @@ from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
-from sqlmodel import col, select
 
-from signoff.app.audit import Actor
+from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
 from signoff.app.console import auth, pages
 from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
@@ -20,9 +19,9 @@ from signoff.app.console.decisions import decide_from_form
 from signoff.app.console.history import csv_lines, history_view, jsonl_lines, parse_history
 from signoff.app.console.render import page, secured
 from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep
-from signoff.app.hook_services import set_switch
-from signoff.app.models import Status, Switch, utcnow
+from signoff.app.models import Status, utcnow
 from signoff.app.replicas import live_replicas
+from signoff.app.switches import list_switches, set_switch
 
 __all__ = ["router"]
 
@@ -30,18 +29,6 @@ log = logging.getLogger("signoff")
 READ_ONLY = "read_only"
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-
-AUDIT_ACTIONS = [
-    "created",
-    "vote",
-    "vote_refused",
-    "approved",
-    "rejected",
-    "expired",
-    "cancelled",
-    "key_created",
-    "key_revoked",
-]
 
 
 def _see_other(url: str) -> Response:
@@ -325,7 +312,7 @@ async def show_audit(
             "before": before,
             "action": action,
             "request_id": request_id,
-            "actions": AUDIT_ACTIONS,
+            "actions": [a.value for a in Action],
             "base_query": base_query,
         },
     )
@@ -341,7 +328,7 @@ async def verify_audit(request: Request, who: SignedInDep, session: ReadsDep) ->
 
 @router.get("/config")
 async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep) -> Response:
-    switches = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
+    switches = await list_switches(session)
     read_only = next((s for s in switches if s.name == READ_ONLY), None)
     replicas = await live_replicas(session, utcnow())
     return page(

@@ -7,16 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
-from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import queries
+from signoff.app import queries, switches
 from signoff.app.audit import Actor
 from signoff.app.bodies import StrictJSONRoute
 from signoff.app.db import transaction
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
-from signoff.app.hook_services import set_switch
-from signoff.app.models import Status, Switch, utcnow
+from signoff.app.models import Status, utcnow
 from signoff.app.operators import decide
 from signoff.app.queries import RequestFilter
 from signoff.app.replicas import live_replicas
@@ -32,7 +30,6 @@ from signoff.app.schemas import (
     SwitchOut,
     Unprocessable,
 )
-from signoff.channels import Verdict
 
 router = APIRouter(
     prefix="/v1/admin", tags=["operators"], dependencies=[AdminDep], route_class=StrictJSONRoute
@@ -86,7 +83,7 @@ async def decide_request(
         result = await decide(
             session,
             request_id,
-            verdict=Verdict(body.verdict),
+            verdict=body.verdict,
             operator=body.operator,
             config=runtime.config,
             reason=body.reason,
@@ -146,8 +143,7 @@ async def reload_config(runtime: RuntimeDep) -> JSONResponse:
 @router.get("/switches", response_model=list[SwitchOut], responses=ERRORS)
 async def list_switches(session: ReadsDep) -> list[SwitchOut]:
     """Operator switches (``read_only`` for ``readonly_guard``)."""
-    rows = (await session.exec(select(Switch).order_by(col(Switch.name)))).all()
-    return [SwitchOut.model_validate(r, from_attributes=True) for r in rows]
+    return [SwitchOut.model_validate(r, from_attributes=True) for r in await switches.list_switches(session)]
 
 
 @router.put("/switches/{name}", response_model=SwitchOut, responses={**ERRORS, 422: {"model": Unprocessable}})
@@ -158,5 +154,5 @@ async def update_switch(
 ) -> SwitchOut:
     """Turn a switch on or off as a named operator (audited)."""
     actor = Actor("web", body.operator, body.operator)
-    row = await set_switch(session, name, on=body.on, actor=actor, reason=body.reason)
+    row = await switches.set_switch(session, name, on=body.on, actor=actor, reason=body.reason)
     return SwitchOut.model_validate(row, from_attributes=True)

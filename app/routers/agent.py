@@ -19,6 +19,7 @@ from signoff.app.audit import Actor
 from signoff.app.bodies import Refused, StrictJSONRoute, parse_json, storable
 from signoff.app.db import transaction
 from signoff.app.deps import AgentDep, RuntimeDep, SessionDep
+from signoff.app.eligibility import gates_of
 from signoff.app.hook_services import ServerHookServices
 from signoff.app.keys import authenticate_cached
 from signoff.app.metrics import GATE_CALLS
@@ -227,7 +228,7 @@ async def _pre_tool_use(
         # the request is the answer (see ServerHookServices.request_approval).
         result = replace(late, modified_arguments=result.modified_arguments)
     made = services.approvals.request
-    gate_name = str(made.gate.get("name", "")) if made is not None else ""
+    gate_name = gates_of(made)[0].name if made is not None else ""
     _gate_calls("pre_tool_use", agent, gate_name, result.decision.value).inc()
     request = None
     if made is not None and result.request_id == made.id:

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
 from signoff.app import audit
-from signoff.app.audit import Actor
+from signoff.app.audit import Action, Actor
 from signoff.app.db import transaction
 from signoff.app.metrics import CALLBACK_REJECTIONS, reason_label
 from signoff.app.runtime import Runtime
@@ -36,7 +36,7 @@ async def receive_callback(channel_type: str, channel: str, request: Request) ->
         async with transaction(runtime.sessions) as session:
             await audit.append(
                 session,
-                "callback_rejected",
+                Action.CALLBACK_REJECTED,
                 actor=Actor(channel_type, None, channel),
                 detail={"channel": channel, "reason": exc.reason, "bytes": len(body)},
             )

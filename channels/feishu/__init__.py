@@ -13,7 +13,7 @@ from signoff.channels.feishu._card import MAX_ARGUMENTS_CHARS, callback_body, re
 from signoff.channels.feishu._channel import REPLY_BUDGET, FeishuChannel
 from signoff.channels.feishu._config import FeishuConfig
 from signoff.channels.feishu._errors import api_error
-from signoff.channels.feishu._parse import parse_click
+from signoff.channels.feishu._parse import IDENTITY, parse_click
 from signoff.channels.feishu._security import (
     MAX_BODY_BYTES,
     MAX_CLOCK_SKEW,
@@ -24,6 +24,7 @@ from signoff.channels.feishu._security import (
 )
 
 __all__ = [
+    "IDENTITY",
     "MAX_ARGUMENTS_CHARS",
     "MAX_BODY_BYTES",
     "MAX_CLOCK_SKEW",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from signoff.channels._contract import CallbackRejected, Click, Verdict
+from signoff.channels._contract import CallbackRejected, Click, Identity, Verdict
 
-__all__ = ["MAX_REASON_CHARS", "REASON_FIELD", "parse_click"]
+__all__ = ["IDENTITY", "MAX_REASON_CHARS", "REASON_FIELD", "parse_click"]
 
 REASON_FIELD = "reason"
 """``name`` of the rejection form's input; its text arrives in ``action.form_value``."""
@@ -56,6 +57,11 @@ def _reason(action: Mapping[str, Any]) -> str | None:
     if not isinstance(text, str) or not text.strip():
         return None
     return text.strip()[:MAX_REASON_CHARS]
+
+
+IDENTITY = Identity(user_id=re.compile(r"^(ou|on)_[A-Za-z0-9]+$"), aliases=("union_id",))
+"""A Feishu user is named by their ``open_id`` (``ou_…``, per app) or their ``union_id``
+(``on_…``, the same across a developer's apps): a click names them by both."""
 
 
 def _identity(**facts: object) -> dict[str, str]:

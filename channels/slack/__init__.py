@@ -8,10 +8,12 @@ channel.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
+from signoff.channels._contract import Identity
 from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
     ACTION_REJECT,
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTION_APPROVE",
     "ACTION_REJECT",
+    "IDENTITY",
     "MAX_BODY_BYTES",
     "REASON_ACTION_ID",
     "REASON_BLOCK_ID",
@@ -51,6 +54,9 @@ __all__ = [
     "render_reject_modal",
     "verify_request",
 ]
+
+IDENTITY = Identity(user_id=re.compile(r"^[UW][A-Z0-9]{2,}$"))
+"""Slack user ids: ``U…`` (or ``W…`` on Enterprise Grid)."""
 
 _INSTALL_HINT = "the slack channel needs slack-sdk and aiohttp: pip install 'signoff[slack]'"
 

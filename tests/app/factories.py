@@ -60,5 +60,5 @@ async def make_row(session: AsyncSession, *, status: Status, expires_in: float =
     session.add(req)
     session.add(Delivery(request_id=req.id, channel="chat", kind="post"))
     await session.flush()
-    await audit.append(session, "created", actor=Actor("test"), request_id=req.id)
+    await audit.append(session, audit.Action.CREATED, actor=Actor("test"), request_id=req.id)
     return req

@@ -3,11 +3,15 @@ call audit and session context, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import pytest
 from sqlmodel import col, select
 
 from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.hook_services import ServerHookServices
 from signoff.app.models import AuditEvent
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
@@ -16,6 +20,7 @@ from tests.conftest import Server
 
 HOOKS = [
     {"type": "readonly_guard", "tools": ["db_*"]},
+    {"type": "readonly_guard", "tools": ["slow_*"], "switch": "slow", "timeout": "1s"},
     {"type": "rate_limit", "tools": ["send_email"], "limit": 2, "window": "1h", "per": ["agent", "user"]},
     {"type": "confirmation_gate", "tools": ["pay_*"], "channel": "chat", "timeout": "5m"},
     {"type": "result_truncate", "tools": ["search*"], "max_chars": 100},
@@ -74,6 +79,23 @@ async def test_readonly_switch_blocks_matching_tools_until_turned_off(
         "/v1/admin/switches/no spaces!", json={"on": True, "operator": "a"}, headers=admin_headers
     )
     assert bad.status_code == 422
+
+
+async def test_a_hook_is_cut_off_at_its_configured_timeout(
+    http: httpx.AsyncClient, agent_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def slow_switch(self: ServerHookServices, name: str) -> bool:
+        await asyncio.sleep(2)  # within the default timeout (5s), beyond the slow_* guard's (1s)
+        return False
+
+    monkeypatch.setattr(ServerHookServices, "is_switch_on", slow_switch)
+    started = time.monotonic()
+    slow = await pre(http, agent_key, "slow_query")
+    assert time.monotonic() - started < 1.8
+    assert slow["decision"] == "deny"
+    assert slow["reason"] == "hook 'readonly_guard[slow_*]' did not answer within 1s"
+    # The guard without a timeout of its own waits the default.
+    assert (await pre(http, agent_key, "db_write"))["decision"] == "allow"
 
 
 async def test_rate_limit_is_per_agent_and_user_and_survives_a_restart(

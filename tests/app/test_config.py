@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
 from signoff.app.cli import app as cli_app
 from signoff.app.config import ConfigError, SignoffConfig, load_config, parse_config
+from signoff.channels import slack
 from signoff.channels.fake import FakeChannel
 from signoff.hooks import HookContext
 from tests.conftest import DEFAULT_CONFIG
@@ -37,9 +38,11 @@ class ChatLikeConfig(BaseModel):
 
 @pytest.fixture
 def slack_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A channel type named ``slack`` (the raw-id rule is keyed on the type's name)."""
+    """A channel type named ``slack`` with Slack's rules for user ids (and no Slack client)."""
     monkeypatch.setitem(
-        CHANNEL_TYPES, "slack", ChannelType(ChatLikeConfig, lambda name, cfg: FakeChannel(name))
+        CHANNEL_TYPES,
+        "slack",
+        ChannelType(ChatLikeConfig, lambda name, cfg: FakeChannel(name), slack.IDENTITY),
     )
 
 
@@ -243,6 +246,32 @@ def test_bad_timeout_says_what_to_write(tmp_path: Path) -> None:
 def test_timeouts_that_load(tmp_path: Path, timeout: Any, expected: int) -> None:
     cfg = load_config(write(tmp_path, doc(gate(timeout=timeout))))
     assert cfg.agents["finance-bot"].hooks[0].timeout == timedelta(seconds=expected)
+
+
+OTHER_HOOKS = [
+    {"type": "readonly_guard"},
+    {"type": "rate_limit", "limit": 5},
+    {"type": "result_truncate"},
+    {"type": "audit_log"},
+    {"type": "context_inject", "text": "Be brief."},
+]
+
+
+@pytest.mark.parametrize("hook", OTHER_HOOKS, ids=lambda h: str(h["type"]))
+def test_every_other_hook_takes_a_timeout_of_its_own(tmp_path: Path, hook: dict[str, Any]) -> None:
+    default = load_config(write(tmp_path, doc(hook))).agents["finance-bot"].hooks[0]
+    assert default.time_limit is None, "the hook registry's default"
+    two = load_config(write(tmp_path, doc({**hook, "timeout": "2s"}))).agents["finance-bot"].hooks[0]
+    assert two.time_limit == 2.0
+    assert_one_problem(tmp_path, doc({**hook, "timeout": "2m"}), f"{AGENT}.timeout", "at most 60s")
+    assert_one_problem(tmp_path, doc({**hook, "timeout": "0"}), f"{AGENT}.timeout", "must be positive")
+
+
+def test_a_gates_timeout_is_its_approvers_deadline_not_its_own(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, doc(gate(timeout="2h"))))
+    hook = cfg.agents["finance-bot"].hooks[0]
+    assert hook.timeout == timedelta(hours=2)
+    assert hook.time_limit is None, "the gate asks within the hook registry's default"
 
 
 def test_several_problems_are_reported_together(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ async def test_post_then_redraw_to_the_outcome(runtime: Runtime, fake_channel: F
         await cast_vote(
             s,
             req.id,
-            voter=Voter("chat", "fake", "U_ALICE", "Alice", "alice"),
+            voter=Voter("chat", "U_ALICE", "Alice", "alice"),
             verdict=Verdict.APPROVE,
             config=runtime.config,
         )
@@ -63,7 +63,7 @@ async def test_post_then_redraw_to_the_outcome(runtime: Runtime, fake_channel: F
         await cast_vote(
             s,
             req.id,
-            voter=Voter("chat", "fake", "U_BOB", "Bob", "bob"),
+            voter=Voter("chat", "U_BOB", "Bob", "bob"),
             verdict=Verdict.APPROVE,
             config=runtime.config,
         )

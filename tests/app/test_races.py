@@ -32,7 +32,7 @@ async def test_fifty_requests_four_racers_one_outcome_each(runtime: Runtime) -> 
             r = await cast_vote(
                 s,
                 rid,
-                voter=Voter("chat", "fake", "U_ALICE", "Alice", "alice"),
+                voter=Voter("chat", "U_ALICE", "Alice", "alice"),
                 verdict=Verdict.APPROVE,
                 config=cfg,
             )
@@ -44,7 +44,7 @@ async def test_fifty_requests_four_racers_one_outcome_each(runtime: Runtime) -> 
             r = await cast_vote(
                 s,
                 rid,
-                voter=Voter("chat", "fake", "U_BOB", "Bob", "bob"),
+                voter=Voter("chat", "U_BOB", "Bob", "bob"),
                 verdict=Verdict.REJECT,
                 config=cfg,
                 reason="no",

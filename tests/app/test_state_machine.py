@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import col, select
 
+from signoff.app import audit
 from signoff.app.audit import Actor, verify_chain
 from signoff.app.db import transaction
 from signoff.app.eligibility import Voter
@@ -57,7 +58,6 @@ async def test_transition_table(runtime: Runtime, source: Status, target: Status
 def voter(person: str, user_id: str | None = None) -> Voter:
     return Voter(
         channel="chat",
-        channel_type="fake",
         user_id=user_id or f"U_{person.upper()}",
         person=person,
         name=person.title(),
@@ -112,7 +112,7 @@ async def test_non_approvers_and_the_requester_are_refused_and_audited(runtime: 
     async with transaction(runtime.sessions) as s:
         outsider = await cast_vote(s, req.id, voter=voter("carol"), verdict=Verdict.APPROVE, config=cfg)
         stranger = await cast_vote(
-            s, req.id, voter=Voter("chat", "fake", "U_NOBODY"), verdict=Verdict.APPROVE, config=cfg
+            s, req.id, voter=Voter("chat", "U_NOBODY"), verdict=Verdict.APPROVE, config=cfg
         )
         requester = await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
     assert outsider is not None
@@ -170,3 +170,12 @@ async def test_audit_chain_detects_edits_and_deletions(runtime: Runtime) -> None
     assert broken is not None
     assert broken.seq == 3
     assert "missing" in broken.problem
+
+
+async def test_the_audit_log_takes_only_the_actions_it_knows(runtime: Runtime) -> None:
+    with pytest.raises(ValueError, match="'approve'"):
+        async with transaction(runtime.sessions) as s:
+            await audit.append(s, "approve", actor=Actor("test"))  # type: ignore[arg-type]
+    async with runtime.sessions() as s:
+        assert (await s.exec(select(AuditEvent))).all() == []
+        assert await verify_chain(s) == (0, None)

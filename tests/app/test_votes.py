@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from hypothesis import assume, given
@@ -14,6 +13,7 @@ from signoff.app.eligibility import (
     NOT_AN_APPROVER,
     NOT_HERE,
     OWN_CALL,
+    GateSnapshot,
     Voter,
     eligible_gates,
     gate_refusal,
@@ -100,10 +100,10 @@ def voters(config: SignoffConfig, who: Entry, email_spelling: str) -> list[Voter
     """``who`` voting every way there is: a Slack or Feishu click, an operator decision, and a
     second account unknown to the directory whose looked-up email is theirs."""
     return [
-        Voter("ops-slack", "slack", who.slack, person=config.person_for("slack", who.slack)),
-        Voter("ops-feishu", "feishu", who.feishu, person=config.person_for("feishu", who.feishu)),
-        Voter("web", "web", who.key, person=config.person_for("web", who.key), operator=True),
-        Voter("ops-slack", "slack", "U0SECONDACCOUNT", email=email_spelling),
+        Voter("ops-slack", who.slack, person=config.person_for("slack", who.slack)),
+        Voter("ops-feishu", who.feishu, person=config.person_for("feishu", who.feishu)),
+        Voter("web", who.key, person=config.person_for("web", who.key), operator=True),
+        Voter("ops-slack", "U0SECONDACCOUNT", email=email_spelling),
     ]
 
 
@@ -120,11 +120,9 @@ def test_the_requester_so_recognised_never_approves_their_own_call(
     config = config_of(entries)
     # The request records the requester as intake does: the directory key it recognises.
     requesters = (config.recognise(spelled) or spelled, spelled)
-    gate = {
-        "approvers": [e.key for e in entries] if listed else [],
-        "quorum": 1,
-        "allow_self_approval": allow_self,
-    }
+    gate = GateSnapshot(
+        approvers=tuple(e.key for e in entries) if listed else (), allow_self_approval=allow_self
+    )
     email = data.draw(spellings(who.email))
     for voter in voters(config, who, email):
         assert is_requester(requesters, voter, config)
@@ -145,7 +143,7 @@ def test_someone_else_is_never_taken_for_the_requester(entries: list[Entry], dat
     others = [e for e in entries if e is not requester]
     spelled = data.draw(spellings(data.draw(st.sampled_from([requester.key, requester.email]))))
     requesters = (config.recognise(spelled), spelled)
-    gate = {"approvers": [e.key for e in entries], "quorum": 1}
+    gate = GateSnapshot(approvers=tuple(e.key for e in entries))
     for other in others:
         for voter in voters(config, other, other.email)[:3]:
             assert not is_requester(requesters, voter, config)
@@ -171,8 +169,8 @@ def test_one_identifier_may_name_only_one_person() -> None:
 
 def test_an_unknown_requester_is_still_compared_in_any_spelling() -> None:
     config = parse_config({}, source="test.yaml")
-    stranger = Voter("ops-slack", "slack", "U0STRANGER", email="s@example.com")
-    gate: dict[str, Any] = {"approvers": [], "quorum": 1}
+    stranger = Voter("ops-slack", "U0STRANGER", email="s@example.com")
+    gate = GateSnapshot()
     for spelled in ("u0stranger", " U0STRANGER ", "S@Example.com"):
         why = gate_refusal(
             gate, channel="ops-slack", requesters=(spelled, spelled), voter=stranger, config=config
@@ -190,7 +188,7 @@ def test_a_click_counts_only_on_the_channel_its_card_was_posted_to(
 ) -> None:
     config = config_of(entries)
     who = data.draw(st.sampled_from(entries))
-    gate = {"approvers": [e.key for e in entries] if listed else [], "quorum": 1}
+    gate = GateSnapshot(approvers=tuple(e.key for e in entries) if listed else ())
     for voter in voters(config, who, who.email):
         elsewhere = gate_refusal(gate, channel="finance-chat", requesters=(), voter=voter, config=config)
         # Operators, authenticated, decide wherever the card went; nobody else does.
@@ -206,14 +204,12 @@ def test_a_vote_counts_for_exactly_the_gates_of_its_card_the_voter_may_approve(
     channels = ["ops-slack", "ops-feishu", "finance-slack"]
     gates = data.draw(
         st.lists(
-            st.fixed_dictionaries(
-                {
-                    "name": st.text(min_size=1, max_size=5),
-                    "channel": st.sampled_from(channels),
-                    "approvers": st.lists(st.sampled_from(keys), unique=True),
-                    "quorum": st.just(1),
-                    "allow_self_approval": st.booleans(),
-                }
+            st.builds(
+                GateSnapshot,
+                name=st.text(min_size=1, max_size=5),
+                channel=st.sampled_from(channels),
+                approvers=st.lists(st.sampled_from(keys), unique=True).map(tuple),
+                allow_self_approval=st.booleans(),
             ),
             min_size=1,
             max_size=4,
@@ -227,9 +223,9 @@ def test_a_vote_counts_for_exactly_the_gates_of_its_card_the_voter_may_approve(
         expected = [
             i
             for i, g in enumerate(gates)
-            if (voter.operator or g["channel"] == voter.channel)
-            and (not g["approvers"] or (voter.person is not None and voter.person in g["approvers"]))
-            and (g["allow_self_approval"] or requester is not who)
+            if (voter.operator or g.channel == voter.channel)
+            and (not g.approvers or (voter.person is not None and voter.person in g.approvers))
+            and (g.allow_self_approval or requester is not who)
         ]
         assert eligible == expected, (voter, gates)
         assert (why is None) == bool(expected)

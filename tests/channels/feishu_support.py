@@ -72,6 +72,7 @@ def card_action(
     token: str = TOKEN,
     reason: str | None = None,
     open_id: str = "ou_alice",
+    union_id: str = "on_union_alice",
     chat: str = CHAT,
 ) -> dict[str, Any]:
     """The documented ``card.action.trigger`` payload, clicking one of our buttons in ``chat``."""
@@ -84,7 +85,7 @@ def card_action(
     if reason is not None:
         action["form_value"] = {"reason": reason}
     payload["event"]["operator"]["open_id"] = open_id
-    payload["event"]["operator"]["union_id"] = "on_union_alice"
+    payload["event"]["operator"]["union_id"] = union_id
     payload["event"]["context"]["open_chat_id"] = chat
     return payload
 

@@ -67,7 +67,7 @@ async def feishu_server(
     }
     raw["people"]["alice"]["feishu"] = "ou_alice"
     raw["people"]["bob"]["feishu"] = "ou_bob"
-    raw["people"]["carol"]["feishu"] = "ou_carol"
+    raw["people"]["carol"]["feishu"] = "on_union_carol"  # her union_id, the same in every app
     for hook in raw["agents"]["finance-bot"]["hooks"]:
         hook["channel"] = CHANNEL
     runtime = Runtime.create(settings, parse_config(raw), channels={CHANNEL: channel, PLAIN: plain})
@@ -163,6 +163,21 @@ async def test_refused_clicks_and_bad_signatures_change_nothing(
     assert "vote_refused" in actions
     assert "callback_rejected" in actions
     assert (await http.post("/callbacks/feishu/nope", content=b"{}")).status_code == 404
+
+
+async def test_a_clicker_is_recognised_by_their_union_id(
+    feishu_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    server, http = feishu_server
+    rid = await pending_request(http, agent_key, "wire_money")
+    # An open_id the directory does not know, of someone it knows by their union_id.
+    counted = await click(http, rid, "approve", "ou_carol_here", "ev-c", union_id="on_union_carol")
+    assert counted.json()["toast"]["type"] == "success", counted.json()
+    stranger = await click(http, rid, "approve", "ou_dave_here", "ev-d", union_id="on_union_dave")
+    assert stranger.json()["toast"]["type"] != "success"
+    async with server.runtime.sessions() as s:
+        votes = (await s.exec(select(Vote).where(col(Vote.request_id) == rid))).all()
+    assert [(v.voter, v.user_id, v.name) for v in votes] == [("carol", "ou_carol_here", "Carol")]
 
 
 async def pending_request(http: httpx.AsyncClient, key: str, tool: str = "pay_invoice") -> str:

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app.audit import Action
 from signoff.app.config import SignoffConfig
 from signoff.app.console.auth import SESSION_COOKIE
 from signoff.app.db import transaction
@@ -733,6 +734,14 @@ async def test_audit_page_shows_events_and_the_chain_status(
     broken = await alice.get("/ui/audit/verify")
     assert "Chain broken at event 3" in broken.text
     assert "edited" in broken.text
+
+
+async def test_audit_filter_offers_every_action_the_log_holds(alice: Console) -> None:
+    page = await alice.get("/ui/audit")
+    offered = re.findall(r'<option value="([a-z_]+)">', page.text)
+    assert sorted(offered) == sorted(a.value for a in Action)
+    for action in ("callback_rejected", "switch_changed", "tool_call"):
+        assert action in offered
 
 
 async def test_audit_page_pages(alice: Console, runtime: Runtime) -> None:
