@@ -566,7 +566,9 @@ async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) 
             problems.append(
                 f"{req.id} ({plan.action}) has votes {dict(got)}, expected {approvals}/{rejections}"
             )
-        quorum = int(req.gate.get("quorum", 1))
+        from signoff.app.eligibility import gates_of
+
+        quorum = gates_of(req)[0].quorum
         consistent = {
             "approved": got["approve"] >= quorum and got["reject"] == 0,
             "rejected": got["reject"] == 1,
