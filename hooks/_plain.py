@@ -5,15 +5,17 @@ is what the user waits for. httpx, and even the standard library's ``http.client
 (which pulls in the ``email`` package and ``ssl``), cost several times a bare Python
 start-up on the machines measured in ``bench/``; so this shell speaks the little
 HTTP/1.1 the gate needs itself: one keep-alive connection, requests with a
-``Content-Length``, responses with a ``Content-Length``, chunked or read to the close.
-Every exchange is bounded as a whole by its timeout, however slowly the server
-answers. ``https://`` URLs go through :class:`signoff.hooks.client.GateClient`.
+``Content-Length``, responses with a ``Content-Length``, chunked or read to the close
+(framed by :class:`ResponseParser`, which the asyncio shell shares). Every exchange is
+bounded as a whole by its timeout, however slowly the server answers. ``https://`` URLs
+go through :class:`signoff.hooks.client.GateClient`.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from urllib.parse import urlencode, urlsplit
 
 from signoff.hooks._base import SyncGateClient, parse_retry_after
@@ -28,7 +30,15 @@ from signoff.hooks._gate import (
     transport_failure,
 )
 
-__all__ = ["MAX_BODY", "MAX_HEAD", "BadResponse", "PlainGateClient", "parse_head", "request_bytes"]
+__all__ = [
+    "MAX_BODY",
+    "MAX_HEAD",
+    "BadResponse",
+    "PlainGateClient",
+    "ResponseParser",
+    "parse_head",
+    "request_bytes",
+]
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
@@ -38,49 +48,144 @@ class BadResponse(Exception):
     """The server's bytes are not an HTTP/1.1 response this client can read."""
 
 
-class _Reader:
-    """Reads one response from a socket, never past ``deadline`` (a monotonic time)."""
+class ResponseParser:
+    """One HTTP/1.1 response, parsed from the bytes fed to it, without I/O.
 
-    def __init__(self, sock: socket.socket, deadline: float, pending: bytes = b"") -> None:
-        self.sock = sock
-        self.deadline = deadline
-        self.buffer = pending
+    Both plain shells feed it what they read (the socket one here, the asyncio one in
+    :mod:`signoff.hooks._plain_async`) until :meth:`feed` says the response is complete.
+    Interim (1xx) answers are skipped; the body is framed by ``Transfer-Encoding:
+    chunked``, a ``Content-Length`` or the end of the connection (:meth:`feed_eof`).
+    Bytes past the response, the start of a pipelined one, stay in :attr:`leftover`.
+    """
 
-    def _fill(self) -> bool:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("Signoff's answer did not arrive in time")
-        self.sock.settimeout(left)
-        chunk = self.sock.recv(65536)
-        self.buffer += chunk
-        return bool(chunk)
+    def __init__(self) -> None:
+        self.status = 0
+        self.old = False
+        """Whether the server answered HTTP/1.0 (no keep-alive)."""
+        self.headers: dict[str, str] = {}
+        self.started = False
+        """Whether any byte of the answer has arrived."""
+        self._buffer = b""
+        self._parts: list[bytes] = []
+        self._total = 0
+        self._need = 0
+        self._step: Callable[[], bool] | None = self._head
+        """What the parser waits for (each step says whether it advanced); ``None`` once complete."""
 
-    def until(self, marker: bytes, limit: int) -> bytes:
-        while (end := self.buffer.find(marker)) < 0:
-            if len(self.buffer) > limit:
-                raise BadResponse("response head too large")
-            if not self._fill():
-                raise BadResponse("connection closed mid-response")
-        line, self.buffer = self.buffer[:end], self.buffer[end + len(marker) :]
+    @property
+    def body(self) -> bytes:
+        return b"".join(self._parts)
+
+    @property
+    def leftover(self) -> bytes:
+        return self._buffer
+
+    def feed(self, data: bytes) -> bool:
+        """Take the next bytes read; whether the response is now complete.
+
+        Raises:
+            BadResponse: The bytes are not a response this parser can read.
+        """
+        if data:
+            self.started = True
+            self._buffer += data
+        while self._step is not None:
+            if not self._step():
+                return False
+        return True
+
+    def feed_eof(self) -> bool:
+        """The connection closed: that ends a body read to the close (True), and is an error elsewhere.
+
+        Raises:
+            BadResponse: The response was not complete.
+        """
+        if self._step == self._to_close:
+            self._parts.append(self._buffer)
+            self._buffer = b""
+            self._step = None
+        elif self._step is not None:
+            where = "response" if self._step == self._head else "body"
+            raise BadResponse(f"connection closed mid-{where}")
+        return True
+
+    def _line(self, limit: int, what: str) -> bytes | None:
+        end = self._buffer.find(b"\r\n")
+        if end < 0:
+            if len(self._buffer) > limit:
+                raise BadResponse(f"{what} too large")
+            return None
+        line, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
         return line
 
-    def exactly(self, size: int) -> bytes:
-        while len(self.buffer) < size:
-            if not self._fill():
-                raise BadResponse("connection closed mid-body")
-        data, self.buffer = self.buffer[:size], self.buffer[size:]
-        return data
+    def _head(self) -> bool:
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buffer) > MAX_HEAD:
+                raise BadResponse("response head too large")
+            return False
+        raw, self._buffer = self._buffer[:end], self._buffer[end + 4 :]
+        self.status, self.old, self.headers = parse_head(raw)
+        if 100 <= self.status < 200:
+            return True  # an interim answer: the real one follows
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            self._step = self._chunk_size
+        elif (length := self.headers.get("content-length")) is not None:
+            if not length.isdigit() or int(length) > MAX_BODY:
+                raise BadResponse(f"bad Content-Length {length[:20]!r}")
+            self._need = int(length)
+            self._step = self._sized
+        else:
+            self._step = self._to_close
+        return True
 
-    def to_close(self) -> bytes:
-        while self._fill():
-            if len(self.buffer) > MAX_BODY:
-                raise BadResponse("response body too large")
-        data, self.buffer = self.buffer, b""
-        return data
+    def _sized(self) -> bool:
+        if len(self._buffer) < self._need:
+            return False
+        self._parts.append(self._buffer[: self._need])
+        self._buffer = self._buffer[self._need :]
+        self._step = None
+        return True
 
+    def _chunk_size(self) -> bool:
+        line = self._line(1024, "chunk size line")
+        if line is None:
+            return False
+        size_line = line.split(b";", 1)[0].strip()
+        try:
+            size = int(size_line, 16)
+        except ValueError:
+            raise BadResponse(f"bad chunk size {size_line[:20]!r}") from None
+        if size == 0:
+            self._step = self._trailers
+            return True
+        self._total += size
+        if self._total > MAX_BODY:
+            raise BadResponse("response body too large")
+        self._need = size
+        self._step = self._chunk
+        return True
 
-def _head(reader: _Reader) -> tuple[int, bool, dict[str, str]]:
-    return parse_head(reader.until(b"\r\n\r\n", MAX_HEAD))
+    def _chunk(self) -> bool:
+        if len(self._buffer) < self._need + 2:
+            return False
+        self._parts.append(self._buffer[: self._need])
+        self._buffer = self._buffer[self._need + 2 :]
+        self._step = self._chunk_size
+        return True
+
+    def _trailers(self) -> bool:
+        line = self._line(MAX_HEAD, "trailers")
+        if line is None:
+            return False
+        if not line:  # the empty line ends the trailers, and the response
+            self._step = None
+        return True
+
+    def _to_close(self) -> bool:
+        if len(self._buffer) > MAX_BODY:
+            raise BadResponse("response body too large")
+        return False
 
 
 def parse_head(raw: bytes) -> tuple[int, bool, dict[str, str]]:
@@ -97,33 +202,6 @@ def parse_head(raw: bytes) -> tuple[int, bool, dict[str, str]]:
             raise BadResponse(f"malformed header line: {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
     return int(code), version == "HTTP/1.0", headers
-
-
-def _body(reader: _Reader, headers: dict[str, str]) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            size_line = reader.until(b"\r\n", 1024).split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise BadResponse(f"bad chunk size {size_line[:20]!r}") from None
-            if size == 0:
-                while reader.until(b"\r\n", MAX_HEAD):  # trailers, up to the empty line
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > MAX_BODY:
-                raise BadResponse("response body too large")
-            parts.append(reader.exactly(size))
-            reader.exactly(2)
-    length = headers.get("content-length")
-    if length is not None:
-        if not length.isdigit() or int(length) > MAX_BODY:
-            raise BadResponse(f"bad Content-Length {length[:20]!r}")
-        return reader.exactly(int(length))
-    return reader.to_close()
 
 
 def request_bytes(call: HttpCall, prefix: str, host: str, headers: dict[str, str]) -> bytes:
@@ -193,15 +271,20 @@ class PlainGateClient(SyncGateClient):
             sock = self._sock
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             sock.sendall(self._request(call))
-            reader = _Reader(sock, deadline, self._leftover)
-            status, old, headers = _head(reader)
-            while 100 <= status < 200:  # an interim answer: the real one follows
-                status, old, headers = _head(reader)
-            body = _body(reader, headers)
-            self._leftover = reader.buffer
-            if old or "close" in headers.get("connection", "").lower():
+            parser = ResponseParser()
+            done = parser.feed(self._leftover)
+            while not done:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("Signoff's answer did not arrive in time")
+                sock.settimeout(left)
+                chunk = sock.recv(65536)
+                done = parser.feed(chunk) if chunk else parser.feed_eof()
+            self._leftover = parser.leftover
+            status, headers = parser.status, parser.headers
+            if parser.old or "close" in headers.get("connection", "").lower():
                 self.close()
-            return HttpReply(status, body, parse_retry_after(headers.get("retry-after")))
+            return HttpReply(status, parser.body, parse_retry_after(headers.get("retry-after")))
         except (OSError, BadResponse) as exc:
             self.close()
             return transport_failure(exc)

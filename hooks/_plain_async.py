@@ -3,8 +3,9 @@
 :class:`AsyncPlainGateClient` behaves as :class:`~signoff.hooks.client.AsyncGateClient`
 (which it is) but speaks the little HTTP/1.1 the gate needs itself, as the Claude Code
 hook's :mod:`signoff.hooks._plain` does: each request goes out in one write, each
-answer is read with a ``Content-Length``, chunked or to the close, and connections are
-kept alive in a small pool (one per exchange in flight). For a process that asks
+answer is framed by the same :class:`~signoff.hooks._plain.ResponseParser` (a
+``Content-Length``, chunked or to the close), and connections are kept alive in a
+small pool (one per exchange in flight). For a process that asks
 Signoff about every call it relays, such as the MCP proxy, that costs a fraction of
 httpx's per-request work. ``https://`` URLs go through httpx, unchanged.
 """
@@ -25,77 +26,20 @@ from signoff.hooks._gate import (
     HttpReply,
     TransportFailure,
 )
-from signoff.hooks._plain import MAX_BODY, MAX_HEAD, BadResponse, parse_head, request_bytes
+from signoff.hooks._plain import BadResponse, ResponseParser, request_bytes
 from signoff.hooks.client import AsyncGateClient, _failure
 
 __all__ = ["AsyncPlainGateClient"]
 
 MAX_IDLE = 8
 """Idle keep-alive connections kept for the next exchanges."""
+READ_SIZE = 65536
 
 _Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class _Stale(Exception):
     """A kept-alive connection the server had closed before answering: try a fresh one."""
-
-
-async def _head(reader: asyncio.StreamReader) -> tuple[int, bool, dict[str, str]]:
-    try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError:
-        raise BadResponse("response head too large") from None
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            raise _Stale() from None  # closed before any byte of an answer
-        raise BadResponse("connection closed mid-response") from None
-    return parse_head(raw[:-4])
-
-
-async def _exactly(reader: asyncio.StreamReader, size: int) -> bytes:
-    try:
-        return await reader.readexactly(size)
-    except asyncio.IncompleteReadError:
-        raise BadResponse("connection closed mid-body") from None
-
-
-async def _line(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return (await reader.readuntil(b"\r\n"))[:-2]
-    except (asyncio.LimitOverrunError, asyncio.IncompleteReadError):
-        raise BadResponse("malformed chunked body") from None
-
-
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            size_line = (await _line(reader)).split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise BadResponse(f"bad chunk size {size_line[:20]!r}") from None
-            if size == 0:
-                while await _line(reader):  # trailers, up to the empty line
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > MAX_BODY:
-                raise BadResponse("response body too large")
-            parts.append(await _exactly(reader, size))
-            await _exactly(reader, 2)
-    length = headers.get("content-length")
-    if length is not None:
-        if not length.isdigit() or int(length) > MAX_BODY:
-            raise BadResponse(f"bad Content-Length {length[:20]!r}")
-        return await _exactly(reader, int(length))
-    data = await reader.read(MAX_BODY + 1)
-    while chunk := await reader.read(MAX_BODY + 1 - len(data)):
-        data += chunk
-    if len(data) > MAX_BODY:
-        raise BadResponse("response body too large")
-    return data
 
 
 class AsyncPlainGateClient(AsyncGateClient):
@@ -160,7 +104,7 @@ class AsyncPlainGateClient(AsyncGateClient):
 
     async def _open(self, timeout: float) -> _Connection:
         async with asyncio.timeout(min(CONNECT_TIMEOUT, timeout)):
-            reader, writer = await asyncio.open_connection(self._host, self._port, limit=MAX_HEAD)
+            reader, writer = await asyncio.open_connection(self._host, self._port)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -169,12 +113,19 @@ class AsyncPlainGateClient(AsyncGateClient):
     async def _over(self, connection: _Connection, request: bytes, *, reused: bool) -> HttpReply:
         """One exchange on ``connection``; raises :class:`_Stale` if a reused one was found closed."""
         reader, writer = connection
+        parser = ResponseParser()
         try:
             writer.write(request)
-            status, old, headers = await _head(reader)
-            while 100 <= status < 200:  # an interim answer: the real one follows
-                status, old, headers = await _head(reader)
-            body = await _body(reader, headers)
+            while True:
+                chunk = await reader.read(READ_SIZE)
+                if chunk:
+                    if parser.feed(chunk):
+                        break
+                elif parser.started:
+                    parser.feed_eof()
+                    break
+                else:
+                    raise _Stale()  # closed before any byte of an answer
         except (_Stale, ConnectionError) as exc:
             writer.close()
             if reused:
@@ -183,11 +134,12 @@ class AsyncPlainGateClient(AsyncGateClient):
         except BaseException:
             writer.close()  # failed or interrupted mid-exchange: the connection's state is unknown
             raise
-        if old or "close" in headers.get("connection", "").lower() or len(self._idle) >= MAX_IDLE:
+        headers = parser.headers
+        if parser.old or "close" in headers.get("connection", "").lower() or len(self._idle) >= MAX_IDLE:
             writer.close()
         else:
             self._idle.append(connection)
-        return HttpReply(status, body, parse_retry_after(headers.get("retry-after")))
+        return HttpReply(parser.status, parser.body, parse_retry_after(headers.get("retry-after")))
 
     async def aclose(self) -> None:
         """Close the connections."""

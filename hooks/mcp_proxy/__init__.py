@@ -8,9 +8,12 @@ upstream MCP server::
         --header-env Authorization=GITHUB_AUTH                                       # a streamable-HTTP one
 
 It serves stdio (or streamable HTTP with ``--listen HOST:PORT``) and relays
-``tools/list``, resources, prompts, completions, logging and notifications unchanged.
-Each ``tools/call`` is asked of Signoff first, as tool ``mcp__<NAME>__<tool>`` (Claude
-Code's naming, so one gate config serves both):
+``tools/list``, resources and their subscriptions, prompts, completions, logging and
+notifications unchanged, to clients of both protocol eras; the upstream's own requests
+to its client (sampling, elicitation, roots) go to the client whose call they concern
+(see :mod:`signoff.hooks.mcp_proxy._clients`). Each ``tools/call`` is asked of Signoff
+first, as tool ``mcp__<NAME>__<tool>`` (Claude Code's naming, so one gate config serves
+both):
 
 ==============================  ==========================================================
 Signoff says                    the client gets
@@ -26,10 +29,11 @@ pending                         held up to ``--hold`` seconds (default 50), with
 unreachable, malformed, a bug   an ``isError`` result saying why; not run
 ==============================  ==========================================================
 
-Every executed call is reported (``POST /v1/hooks/post-tool-use``) with the idempotency
-key it was allowed under. See :class:`~signoff.hooks.mcp_proxy._calls.CallLedger` for how
-keys are chosen, and ``docs/mcp.md`` for client configuration. Requires
-``pip install 'signoff-hooks[mcp]'``.
+Tasks are not relayed: the proxy offers no task augmentation (a ``tools/call`` sent as a
+task is gated and answered as a plain call) and refuses ``tasks/*``. Every executed call
+is reported (``POST /v1/hooks/post-tool-use``) with the idempotency key it was allowed
+under. See :class:`~signoff.hooks.mcp_proxy._calls.CallLedger` for how keys are chosen,
+and ``docs/mcp.md`` for client configuration. Requires ``pip install 'signoff-hooks[mcp]'``.
 """
 
 from signoff.hooks.mcp_proxy._cli import main

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 from signoff.hooks.mcp_proxy._config import PROG, ConfigError, ProxyConfig, parse_args
 
 if TYPE_CHECKING:
-    from mcp.client.session import IncomingMessage
-
     from signoff.hooks.mcp_proxy._proxy import GatingProxy, Upstream
 
 __all__ = ["EXIT_STARTUP", "EXIT_UPSTREAM_GONE", "main", "run"]
@@ -125,17 +123,14 @@ async def run(config: ProxyConfig) -> int:
     import anyio
 
     from signoff.hooks._plain_async import AsyncPlainGateClient
+    from signoff.hooks.mcp_proxy._clients import Clients
     from signoff.hooks.mcp_proxy._proxy import GatingProxy, connect_upstream
 
     # Asked about every call it relays: the lean HTTP/1.1 shell for http://, httpx for https://.
     gate = AsyncPlainGateClient(runtime="mcp", submit_deadline=config.submit_deadline)
-    relay: list[GatingProxy] = []
+    clients = Clients()
     stoppers: list[Callable[[], None]] = []
     exit_code = [0]
-
-    async def on_message(message: IncomingMessage) -> None:
-        if relay:
-            await relay[0].relay_notification(message)
 
     # Signals are watched from the start, so that one arriving while the upstream starts
     # still stops it cleanly.
@@ -148,9 +143,8 @@ async def run(config: ProxyConfig) -> int:
                 tg.cancel_scope.cancel()
 
         tg.start_soon(_watch_signals, stop)
-        async with connect_upstream(config, on_message) as upstream:
-            proxy = GatingProxy(config, upstream, gate)
-            relay.append(proxy)
+        async with connect_upstream(config, clients) as upstream:
+            proxy = GatingProxy(config, upstream, gate, clients)
             async with proxy.running():
                 tg.start_soon(_watch_upstream, upstream, stop, exit_code)
                 if config.listen is not None:

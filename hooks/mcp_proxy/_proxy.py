@@ -6,7 +6,8 @@ handlers relay each request to the upstream through a
 (the SDK shapes it for the protocol version the client speaks). The upstream is
 connected first, with the initialize handshake, so the proxy can announce the
 upstream's own identity and capabilities; handlers exist only for what the upstream
-offers. ``tools/call`` alone is asked of Signoff first.
+offers. ``tools/call`` alone is asked of Signoff first. What the upstream sends its
+client (requests and notifications) is passed on by :mod:`._clients`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import logging
 import os
 import sys
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
 from typing import Any, NamedTuple
 
 from signoff.hooks._gate import GateDecision, GateFailure
@@ -26,6 +27,7 @@ from signoff.hooks.client import AsyncGateClient
 from signoff.hooks.mcp_proxy._calls import (
     CallLedger,
     Claim,
+    canonical_arguments,
     denied_text,
     gated_tool_name,
     unavailable_text,
@@ -38,19 +40,22 @@ try:
     import anyio.abc
     import httpx2
     import mcp_types as types
-    from mcp.client.session import ClientSession, IncomingMessage, MessageHandlerFnT
+    from mcp.client.session import ClientRequestContext, ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.server.caching import CacheableMethod, CacheHint
-    from mcp.server.connection import allowed_log_levels
-    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+    from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel.server import NotificationOptions, Server
-    from mcp.server.session import ServerSession
+    from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+    from mcp.server.subscriptions import ListenHandler
     from mcp.shared.dispatcher import ProgressFnT
     from mcp.shared.exceptions import MCPError
     from mcp.shared.message import SessionMessage
+    from mcp_types.methods import INPUT_REQUIRED_METHODS
     from mcp_types.version import MODERN_PROTOCOL_VERSIONS
     from pydantic import BaseModel, RootModel, ValidationError
+
+    from signoff.hooks.mcp_proxy._clients import INPUT_WAIT, Clients, Exchange, connection_key
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "signoff.hooks.mcp_proxy needs the MCP Python SDK: pip install 'signoff-hooks[mcp]'"
@@ -66,7 +71,6 @@ PROGRESS_EVERY = 5.0
 """Seconds between progress notifications while a call waits for a person."""
 REPORT_FLUSH = 3.0
 """Seconds reports of executed calls may still take when the proxy stops."""
-MAX_LISTENERS = 1000
 
 _Request = types.Request[dict[str, Any] | None, str]
 
@@ -76,6 +80,16 @@ class _Raw(RootModel[dict[str, Any]]):
 
 
 _RESERVED_META = "io.modelcontextprotocol/"
+_CLIENT_SIDE = ("inputResponses", "requestState", "task")
+"""Request params that belong to the client's exchange with the proxy, never sent upstream:
+the 2026-07-28 multi round-trip fields, and task augmentation, which the proxy does not offer
+(a receiver that does not offer it processes the request normally)."""
+_TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel", "tasks/update")
+_SAMPLING = types.SamplingCapability(
+    context=types.SamplingContextCapability(), tools=types.SamplingToolsCapability()
+)
+"""What the proxy offers the upstream: whatever a client of its may offer (each question is
+then answered as that client would)."""
 _NOT_CACHED: dict[CacheableMethod, CacheHint] = {
     "tools/list": CacheHint(),
     "resources/list": CacheHint(),
@@ -117,12 +131,60 @@ def _proxy_version() -> str:
         return "0"
 
 
+class _Watched:
+    """The upstream's read stream, which notes when the upstream's side ends (a stdio server exited).
+
+    Each message keeps the context it was received in (``last_context``): a streamable-HTTP
+    upstream's request arrives in the context of the call whose stream carried it.
+    """
+
+    def __init__(self, inner: Any, gone: anyio.Event) -> None:
+        self.inner = inner
+        self.gone = gone
+        self.closing = False
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self.inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            item: SessionMessage | Exception = await self.inner.receive()
+        except anyio.EndOfStream:
+            if not self.closing:
+                self.gone.set()
+            raise
+        return item
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
 @asynccontextmanager
-async def connect_upstream(config: ProxyConfig, on_message: MessageHandlerFnT) -> AsyncIterator[Upstream]:
+async def connect_upstream(config: ProxyConfig, clients: Clients) -> AsyncIterator[Upstream]:
     """Start (stdio) or reach (HTTP) the upstream and complete the initialize handshake.
 
-    Leaving the context stops a stdio upstream: its stdin is closed, then its process
-    group is terminated if it lingers (the SDK's shutdown sequence).
+    The proxy offers the upstream sampling, elicitation and roots, and passes what the
+    upstream sends its client to ``clients``. Leaving the context stops a stdio upstream:
+    its stdin is closed, then its process group is terminated if it lingers (the SDK's
+    shutdown sequence).
 
     Raises:
         StartupError: The upstream could not be started or reached, or did not answer.
@@ -144,29 +206,30 @@ async def connect_upstream(config: ProxyConfig, on_message: MessageHandlerFnT) -
         except OSError as exc:
             raise StartupError(f"cannot start {described}: {exc}") from exc
 
-        # The session reads through a relay, which tells when the upstream's side ends.
-        relay_send, relay_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        relays = await stack.enter_async_context(anyio.create_task_group())
-        stack.callback(relays.cancel_scope.cancel)
+        async def sampling(
+            context: ClientRequestContext, params: types.CreateMessageRequestParams
+        ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+            return await clients.ask(types.CreateMessageRequest(params=params))  # type: ignore[return-value]
 
-        closing = False
+        async def elicitation(
+            context: ClientRequestContext, params: types.ElicitRequestParams
+        ) -> types.ElicitResult | types.ErrorData:
+            return await clients.ask(types.ElicitRequest(params=params))  # type: ignore[return-value]
 
-        async def relay() -> None:
-            try:
-                async with relay_send:
-                    async for item in read:
-                        await relay_send.send(item)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
-            if not closing:
-                gone.set()
+        async def roots(context: ClientRequestContext) -> types.ListRootsResult | types.ErrorData:
+            params = types.RequestParams(_meta=context.meta) if context.meta else None
+            return await clients.ask(types.ListRootsRequest(params=params))  # type: ignore[return-value]
 
-        relays.start_soon(relay)
+        watched = _Watched(read, gone)
         session = await stack.enter_async_context(
             ClientSession(
-                relay_receive,
+                watched,
                 write,
-                message_handler=on_message,
+                sampling_callback=sampling,
+                elicitation_callback=elicitation,
+                list_roots_callback=roots,
+                sampling_capabilities=_SAMPLING,
+                message_handler=clients.notify,
                 client_info=types.Implementation(name=PROG, version=_proxy_version()),
             )
         )
@@ -182,18 +245,19 @@ async def connect_upstream(config: ProxyConfig, on_message: MessageHandlerFnT) -
         try:
             yield Upstream(session, init, gone, described)
         finally:
-            closing = True  # the proxy is stopping: the upstream's end is no news
+            watched.closing = True  # the proxy is stopping: the upstream's end is no news
 
 
 def _outbound(params: Mapping[str, Any] | None, **changes: Any) -> dict[str, Any] | None:
-    """A client's request params as sent upstream: the transport's own ``_meta`` keys dropped.
+    """A client's request params as sent upstream: what belongs to the client's side dropped.
 
     The progress token and the 2026-07-28 envelope keys belong to the client's connection
-    to the proxy; the upstream session adds its own. Every other field passes unchanged.
+    to the proxy (the upstream session adds its own), and so do :data:`_CLIENT_SIDE`.
+    Every other field passes unchanged.
     """
     if params is None and not changes:
         return None
-    out = {**(params or {}), **changes}
+    out = {k: v for k, v in (params or {}).items() if k not in _CLIENT_SIDE} | changes
     meta = out.get("_meta")
     if isinstance(meta, Mapping):
         kept = {k: v for k, v in meta.items() if k != "progressToken" and not k.startswith(_RESERVED_META)}
@@ -222,7 +286,9 @@ class _MirrorServer(Server[Any]):
             cache_hints=_NOT_CACHED,
         )
         caps = init.capabilities
-        # What the proxy relays; tasks, extensions and experimental methods are not relayed.
+        # What the proxy relays, in both eras (at 2026-07-28 the change notifications and
+        # resource subscriptions ride subscriptions/listen); tasks, extensions and
+        # experimental methods are not relayed.
         self.mirrored = types.ServerCapabilities(
             prompts=caps.prompts,
             resources=caps.resources,
@@ -239,12 +305,6 @@ class _MirrorServer(Server[Any]):
         *,
         protocol_version: str | None = None,
     ) -> types.ServerCapabilities:
-        if protocol_version in MODERN_PROTOCOL_VERSIONS:
-            # 2026-07-28 change notifications ride subscriptions/listen, which is not relayed:
-            # the SDK derives that era's capabilities from the handlers registered.
-            return super().get_capabilities(
-                notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
-            )
         return self.mirrored.model_copy(deep=True)
 
 
@@ -268,6 +328,15 @@ def _has_progress_token(ctx: ServerRequestContext[Any, Any]) -> bool:
     return bool(ctx.meta) and ("progress_token" in ctx.meta or "progressToken" in ctx.meta)  # type: ignore[operator]
 
 
+def _identity(method: str, params: Mapping[str, Any] | None) -> tuple[str, str]:
+    """What a request is about, which each of its rounds must repeat: a name (or URI) and the arguments."""
+    p = params or {}
+    if method == "resources/read":
+        return str(p.get("uri", "")), ""
+    arguments = p.get("arguments")
+    return str(p.get("name", "")), canonical_arguments(arguments if isinstance(arguments, Mapping) else {})
+
+
 class GatingProxy:
     """An MCP server that relays everything to one upstream and asks Signoff before each ``tools/call``.
 
@@ -275,23 +344,33 @@ class GatingProxy:
         config: The proxy's name and hold time.
         upstream: The connected upstream (:func:`connect_upstream`).
         gate: The Signoff client (``SIGNOFF_URL`` / ``SIGNOFF_API_KEY``).
+        clients: What the upstream sends its client goes to these (the one given to
+            :func:`connect_upstream`).
 
     ``server`` is the SDK server to run over stdio or streamable HTTP, inside
-    :meth:`running` (which owns the reports of executed calls).
+    :meth:`running` (which owns the reports of executed calls and the upstream calls of
+    2026-07-28 requests relayed over several rounds).
     """
 
-    def __init__(self, config: ProxyConfig, upstream: Upstream, gate: AsyncGateClient) -> None:
+    def __init__(
+        self, config: ProxyConfig, upstream: Upstream, gate: AsyncGateClient, clients: Clients
+    ) -> None:
         self.config = config
         self.upstream = upstream
         self.gate = gate
+        self.clients = clients
         self.run_id = uuid.uuid4().hex[:16]
         self.ledger = CallLedger(config.name, self.run_id)
         self.server = _MirrorServer(upstream.init)
-        # No per-message tracing span: the proxy adds as little as it can to each call.
-        self.server.middleware = [self._track]
-        self._listeners: deque[ServerSession] = deque(maxlen=MAX_LISTENERS)
-        self._live: dict[int, ServerRequestContext[Any, Any]] = {}
-        self._reports: anyio.abc.TaskGroup | None = None
+        # No per-message tracing span: the proxy adds as little as it can to each call. The
+        # one middleware seals the requestState of 2026-07-28 rounds, and checks it back.
+        security = RequestStateSecurity.ephemeral(ttl=INPUT_WAIT)
+        self.server.middleware = [RequestStateBoundary(security, default_audience=f"{PROG}:{config.name}")]
+        self._listen = ListenHandler(clients.bus)
+        self._holders: dict[str, set[object]] = {}
+        """Who holds each resource subscription the proxy holds upstream."""
+        self._exchanges: dict[str, Exchange] = {}
+        self._background: anyio.abc.TaskGroup | None = None
         self._reporting = 0
         self._reports_done = anyio.Event()
         self._register()
@@ -309,10 +388,12 @@ class GatingProxy:
                 ("resources/read", types.ReadResourceRequestParams),
             ]
             if caps.resources.subscribe:
-                methods += [
-                    ("resources/subscribe", types.SubscribeRequestParams),
-                    ("resources/unsubscribe", types.UnsubscribeRequestParams),
-                ]
+                self.server.add_request_handler(
+                    "resources/subscribe", types.SubscribeRequestParams, self._subscribe
+                )
+                self.server.add_request_handler(
+                    "resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe
+                )
         if caps.prompts is not None:
             methods += [
                 ("prompts/list", types.PaginatedRequestParams),
@@ -324,6 +405,15 @@ class GatingProxy:
             methods.append(("logging/setLevel", types.SetLevelRequestParams))
         for method, params_type in methods:
             self.server.add_request_handler(method, params_type, self._relay_handler(method))
+        if caps.tools is not None or caps.resources is not None or caps.prompts is not None:
+            self.server.add_request_handler(
+                "subscriptions/listen", types.SubscriptionsListenRequestParams, self._listen_for_changes
+            )
+        for method in _TASK_METHODS:
+            self.server.add_request_handler(method, types.RequestParams, self._no_tasks)
+        self.server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self._initialized
+        )
         self.server.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
@@ -331,44 +421,60 @@ class GatingProxy:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[GatingProxy]:
         """Serve inside this: reports of executed calls run here, flushed (bounded) on the way out."""
-        async with anyio.create_task_group() as reports:
-            self._reports = reports
+        async with anyio.create_task_group() as background:
+            self._background = background
             try:
                 yield self
             finally:
                 with anyio.move_on_after(REPORT_FLUSH, shield=True):
                     while self._reporting:
                         await self._reports_done.wait()
-                reports.cancel_scope.cancel()
-                self._reports = None
+                background.cancel_scope.cancel()
+                self._background = None
+
+    def _start(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        if self._background is None:
+            raise MCPError(types.INTERNAL_ERROR, "the proxy is stopping")
+        self._background.start_soon(fn, *args)
 
     # -- relaying
 
-    async def _track(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        """Middleware: remember each handshake-era connection, for the upstream's notifications."""
-        if ctx.method == "initialize":
-            self._listeners.append(ctx.session)
-        return await call_next(ctx)
+    async def _initialized(self, ctx: ServerRequestContext[Any, Any], params: BaseModel) -> None:
+        self.clients.connected(ctx)
 
     def _relay_handler(
         self, method: str
     ) -> Callable[[ServerRequestContext[Any, Any], BaseModel], Awaitable[dict[str, Any]]]:
+        rounds = method in INPUT_REQUIRED_METHODS
+
         async def handler(ctx: ServerRequestContext[Any, Any], params: BaseModel) -> dict[str, Any]:
+            if rounds and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                return await self._rounds(ctx, method, _outbound(ctx.params))
             return await self._relay(ctx, method, _outbound(ctx.params))
 
         return handler
 
-    @contextmanager
-    def _live_request(self, ctx: ServerRequestContext[Any, Any]) -> Any:
-        """A 2026-07-28 request in flight can carry the upstream's log messages (its own opt-in)."""
-        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-        if modern:
-            self._live[id(ctx)] = ctx
+    async def _send(
+        self, method: str, params: dict[str, Any] | None, progress: ProgressFnT | None
+    ) -> dict[str, Any]:
+        """The upstream's result for one request, as it sent it.
+
+        Raises:
+            MCPError: The upstream's error (naming the upstream when it has exited), or a malformed result.
+        """
         try:
-            yield
-        finally:
-            if modern:
-                self._live.pop(id(ctx), None)
+            return (
+                await self.upstream.session.send_request(
+                    _Request(method=method, params=params), _Raw, progress_callback=progress
+                )
+            ).root
+        except MCPError as exc:
+            if self.upstream.gone.is_set():
+                raise MCPError(exc.code, f"{self.upstream.description} has exited", exc.data) from exc
+            raise
+        except ValidationError as exc:
+            what = f"{self.upstream.description} answered {method} with a malformed result"
+            raise MCPError(types.INTERNAL_ERROR, what) from exc
 
     async def _relay(
         self, ctx: ServerRequestContext[Any, Any], method: str, params: dict[str, Any] | None
@@ -377,57 +483,175 @@ class GatingProxy:
             await ctx.session.report_progress(progress, total, message)
 
         relay_progress: ProgressFnT | None = relay if _has_progress_token(ctx) else None
-        with self._live_request(ctx):
-            try:
-                result = (
-                    await self.upstream.session.send_request(
-                        _Request(method=method, params=params), _Raw, progress_callback=relay_progress
-                    )
-                ).root
-            except MCPError as exc:
-                if self.upstream.gone.is_set():
-                    raise MCPError(exc.code, f"{self.upstream.description} has exited", exc.data) from exc
-                raise
-            except ValidationError as exc:
-                what = f"{self.upstream.description} answered {method} with a malformed result"
-                raise MCPError(types.INTERNAL_ERROR, what) from exc
+        with self.clients.relaying(ctx), self.clients.live(ctx):
+            result = await self._send(method, params, relay_progress)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             # 2026-07-28 results name their type; a handshake-era upstream's never do.
             result.setdefault("resultType", "complete")
         return result
 
-    async def relay_notification(self, message: IncomingMessage) -> None:
-        """The upstream's notifications, to the clients that can take them."""
-        if isinstance(message, Exception):
-            log.debug("upstream transport: %r", message)
-            return
-        if isinstance(message, types.ProgressNotification):
-            return  # delivered per request, by the progress callbacks
-        if isinstance(message, types.LoggingMessageNotification):
-            for ctx in list(self._live.values()):
-                if message.params.level in allowed_log_levels(ctx.protocol_version, ctx.meta):
-                    await self._notify(ctx.session, message, ctx.request_id)
-        for session in list(self._listeners):
-            if not await self._notify(session, message, None):
-                self._drop_listener(session)
+    async def _rounds(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        method: str,
+        params: dict[str, Any] | None,
+        report: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A 2026-07-28 request the upstream may ask its client about: one round of it.
 
-    def _drop_listener(self, session: ServerSession) -> None:
+        The first round starts the upstream call in the background (the questions it asks
+        end the round as an ``input_required`` result); a retry carrying ``requestState``
+        answers them and waits on the same call, which is neither started nor asked of
+        Signoff again.
+        """
+        state = (ctx.params or {}).get("requestState")
+        if state is not None:
+            exchange = self._resume(ctx, state)
+        else:
+            exchange = Exchange(ctx, _identity(method, ctx.params))
+            self._exchanges[exchange.id] = exchange
+            self._start(self._run_exchange, exchange, method, params, report, _has_progress_token(ctx))
+        exchange.busy = True
         try:
-            self._listeners.remove(session)
-        except ValueError:
-            pass
+            with self.clients.live(ctx):
+                return await exchange.next_round(ctx)
+        except BaseException:
+            exchange.cancel()  # the client gave up on its request (or the upstream failed it)
+            raise
+        finally:
+            exchange.busy = False
 
-    @staticmethod
-    async def _notify(
-        session: ServerSession, message: types.ServerNotification, request_id: types.RequestId | None
-    ) -> bool:
+    def _resume(self, ctx: ServerRequestContext[Any, Any], state: Any) -> Exchange:
+        exchange = self._exchanges.get(state) if isinstance(state, str) else None
+        if exchange is None or (exchange.method, exchange.identity) != (
+            ctx.method,
+            _identity(ctx.method, ctx.params),
+        ):
+            raise MCPError(
+                types.INVALID_PARAMS, "Invalid or expired requestState", {"reason": "invalid_request_state"}
+            )
+        if exchange.busy:
+            raise MCPError(types.INVALID_REQUEST, "the previous round of this request is still in progress")
+        responses = (ctx.params or {}).get("inputResponses") or {}
+        if not isinstance(responses, Mapping):
+            raise MCPError(types.INVALID_PARAMS, "inputResponses must be an object")
+        exchange.answer(responses)
+        return exchange
+
+    async def _run_exchange(
+        self,
+        exchange: Exchange,
+        method: str,
+        params: dict[str, Any] | None,
+        report: dict[str, Any] | None,
+        with_progress: bool,
+    ) -> None:
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            ctx = exchange.ctx  # the round in progress, if it is still there to hear it
+            if _has_progress_token(ctx):
+                try:
+                    await ctx.session.report_progress(progress, total, message)
+                except Exception:
+                    log.debug("progress of a finished round dropped", exc_info=True)
+
+        result: dict[str, Any] | None = None
+        error: MCPError | None = None
         try:
-            await session.send_notification(message, related_request_id=request_id)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            return False
-        except Exception:
-            log.debug("could not pass on %s", message.method, exc_info=True)
-        return True
+            with exchange.scope, self.clients.relaying(exchange):
+                try:
+                    result = await self._send(method, params, relay if with_progress else None)
+                    result.setdefault("resultType", "complete")
+                except MCPError as exc:
+                    error = exc
+                except Exception as exc:
+                    log.exception("the proxy failed relaying %s", method)
+                    error = MCPError(types.INTERNAL_ERROR, f"proxy error {type(exc).__name__}: {exc}")
+            if exchange.scope.cancelled_caught:
+                return  # the client abandoned its request: nothing ran to completion for it
+            if report is not None:
+                self._report_outcome(report, result, error)
+            exchange.finish(result, error)
+            with anyio.move_on_after(INPUT_WAIT):
+                await exchange.collected.wait()
+        finally:
+            self._exchanges.pop(exchange.id, None)
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams
+    ) -> Any:
+        return await self._hold(params.uri, ("connection", connection_key(ctx)), _outbound(ctx.params))
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
+    ) -> Any:
+        return await self._release(params.uri, ("connection", connection_key(ctx)), _outbound(ctx.params))
+
+    async def _hold(self, uri: str, holder: object, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Hold a subscription to ``uri``: the first holder subscribes upstream."""
+        holders = self._holders.setdefault(uri, set())
+        if holders:
+            holders.add(holder)
+            return {}
+        holders.add(holder)
+        try:
+            return await self._send("resources/subscribe", params or {"uri": uri}, None)
+        except BaseException:
+            holders.discard(holder)
+            if not holders:
+                self._holders.pop(uri, None)
+            raise
+
+    async def _release(
+        self, uri: str, holder: object, params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Let go of ``uri``: the last holder unsubscribes upstream."""
+        holders = self._holders.get(uri, set())
+        holders.discard(holder)
+        if holders:
+            return {}
+        self._holders.pop(uri, None)
+        return await self._send("resources/unsubscribe", params or {"uri": uri}, None)
+
+    async def _listen_for_changes(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """A 2026-07-28 change stream: what the upstream can tell of, from its notifications."""
+        caps = self.upstream.init.capabilities
+        wanted = params.notifications
+
+        def offered(asked: bool | None, capability: Any) -> bool | None:
+            return True if asked and capability is not None and capability.list_changed else None
+
+        uris = (
+            list(wanted.resource_subscriptions or ()) if caps.resources and caps.resources.subscribe else []
+        )
+        honored = types.SubscriptionFilter(
+            tools_list_changed=offered(wanted.tools_list_changed, caps.tools),
+            prompts_list_changed=offered(wanted.prompts_list_changed, caps.prompts),
+            resources_list_changed=offered(wanted.resources_list_changed, caps.resources),
+            resource_subscriptions=uris or None,
+        )
+        holder = object()
+        held: list[str] = []
+        try:
+            for uri in uris:
+                await self._hold(uri, holder)
+                held.append(uri)
+            return await self._listen(ctx, params.model_copy(update={"notifications": honored}))
+        finally:
+            with anyio.move_on_after(REPORT_FLUSH, shield=True):
+                for uri in held:
+                    try:
+                        await self._release(uri, holder)
+                    except MCPError as exc:
+                        log.debug("could not unsubscribe %s upstream: %s", uri, exc.message)
+
+    async def _no_tasks(self, ctx: ServerRequestContext[Any, Any], params: BaseModel) -> None:
+        raise MCPError(
+            types.METHOD_NOT_FOUND,
+            f"{PROG} does not relay tasks ({ctx.method}): it offers no task augmentation, and answers "
+            "each tools/call when it completes",
+        )
 
     async def _roots_changed(self, ctx: ServerRequestContext[Any, Any], params: BaseModel) -> None:
         await self.upstream.session.send_notification(types.RootsListChangedNotification())
@@ -436,9 +660,8 @@ class GatingProxy:
 
     def _session(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str | None, str]:
         """The client's session (hashed ``Mcp-Session-Id``), and the session id Signoff is given."""
-        headers = getattr(ctx.request, "headers", None)
-        raw = headers.get("mcp-session-id") if isinstance(headers, Mapping) else None
-        client = hashlib.sha256(raw.encode()).hexdigest()[:16] if isinstance(raw, str) and raw else None
+        raw = connection_key(ctx)
+        client = hashlib.sha256(raw.encode()).hexdigest()[:16] if raw else None
         return client, f"mcp:{self.config.name}:{self.run_id}" + (f":{client}" if client else "")
 
     def _metadata(self, ctx: ServerRequestContext[Any, Any], tool: str) -> dict[str, Any]:
@@ -454,6 +677,11 @@ class GatingProxy:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> dict[str, Any] | types.CallToolResult:
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        if modern and params.request_state is not None:
+            # A later round of a call Signoff allowed and the upstream is running (the
+            # requestState the proxy sealed for it, checked by the middleware).
+            return await self._rounds(ctx, "tools/call", None)
         tool = gated_tool_name(self.config.name, params.name)
         arguments = dict(params.arguments or {})
         started = anyio.current_time()
@@ -463,18 +691,14 @@ class GatingProxy:
             metadata = self._metadata(ctx, params.name)
         except Exception as exc:
             log.exception("the proxy failed before asking Signoff; the call is refused")
-            return _error_result(
-                unavailable_text(tool, f"proxy error {type(exc).__name__}: {exc}"), "error", None
-            )
+            return _proxy_error(tool, exc)
         ask = {"session_id": session_id, "idempotency_key": claim.key, "metadata": metadata}
         try:
             decision = await self._decide(ctx, tool, arguments, ask, started)
         except Exception as exc:
             self.ledger.park(claim)
             log.exception("the proxy failed while asking Signoff; the call is refused")
-            return _error_result(
-                unavailable_text(tool, f"proxy error {type(exc).__name__}: {exc}"), "error", None
-            )
+            return _proxy_error(tool, exc)
         except BaseException:
             self.ledger.park(claim)  # the client went away or cancelled: a retry re-attaches
             raise
@@ -482,13 +706,15 @@ class GatingProxy:
             return self._refusal(tool, decision, claim)
         run_with = decision.arguments(arguments)
         report = {**ask, "tool_name": tool, "arguments": run_with}
+        outbound = _outbound(ctx.params, arguments=run_with)
+        if modern:
+            return await self._rounds(ctx, "tools/call", outbound, report)
         try:
-            result = await self._relay(ctx, "tools/call", _outbound(ctx.params, arguments=run_with))
+            result = await self._relay(ctx, "tools/call", outbound)
         except MCPError as exc:
-            self._report(report, None, exc.message)
+            self._report_outcome(report, None, exc)
             raise
-        is_error = result.get("isError") is True
-        self._report(report, result, "the tool answered isError" if is_error else None)
+        self._report_outcome(report, result, None)
         return result
 
     async def _decide(
@@ -535,13 +761,22 @@ class GatingProxy:
 
     # -- reports
 
+    def _report_outcome(
+        self, call: dict[str, Any], result: dict[str, Any] | None, error: MCPError | None
+    ) -> None:
+        if error is not None or result is None:
+            self._report(call, None, error.message if error is not None else "no result")
+        else:
+            is_error = result.get("isError") is True
+            self._report(call, result, "the tool answered isError" if is_error else None)
+
     def _report(self, call: dict[str, Any], result: Any, error: str | None) -> None:
         """Report the executed call in the background: the client has its answer meanwhile."""
-        if self._reports is None:
+        if self._background is None:
             log.warning("report of %s dropped: the proxy is stopping", call["tool_name"])
             return
         self._reporting += 1
-        self._reports.start_soon(self._send_report, call, result, error)
+        self._background.start_soon(self._send_report, call, result, error)
 
     async def _send_report(self, call: dict[str, Any], result: Any, error: str | None) -> None:
         try:

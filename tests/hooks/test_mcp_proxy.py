@@ -23,21 +23,48 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client import advertise
+from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
+    METHOD_NOT_FOUND,
+    CallToolRequest,
+    CallToolRequestParams,
     CallToolResult,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    ElicitRequestParams,
+    ElicitResult,
+    EmptyResult,
+    ListRootsResult,
     LoggingMessageNotificationParams,
+    PromptListChangedNotification,
     PromptReference,
+    Request,
+    ResourceListChangedNotification,
     ResourceUpdatedNotification,
+    Root,
     RootsListChangedNotification,
+    SubscribeRequest,
+    SubscribeRequestParams,
+    TaskMetadata,
     TextContent,
     ToolListChangedNotification,
+    UnsubscribeRequest,
+    UnsubscribeRequestParams,
 )
 
 from signoff.app.config import SignoffConfig, parse_config
@@ -51,6 +78,7 @@ REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = [sys.executable, "-m", "tests.hooks.mcp_upstream"]
 PROXY = [sys.executable, "-m", "signoff.hooks.mcp_proxy"]
 BIG = {"invoice_id": "inv-1", "amount": 90_000}
+LIST_CHANGES = {ToolListChangedNotification, PromptListChangedNotification, ResourceListChangedNotification}
 
 GATE = {
     "type": "confirmation_gate",
@@ -123,10 +151,10 @@ async def proxied(
 
 
 @asynccontextmanager
-async def direct(tmp_path: Path, mode: str = "legacy") -> AsyncIterator[Client]:
+async def direct(tmp_path: Path, mode: str = "legacy", **client: Any) -> AsyncIterator[Client]:
     """The same client straight to the test upstream."""
     params = StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:], cwd=str(REPO))
-    async with Client(params, mode=mode, cache=None) as c:
+    async with Client(params, mode=mode, cache=None, **client) as c:
         yield c
 
 
@@ -134,6 +162,12 @@ def text(result: CallToolResult) -> str:
     (block,) = result.content
     assert isinstance(block, TextContent)
     return block.text
+
+
+def texts(result: CallToolResult) -> list[str]:
+    blocks = [block for block in result.content if isinstance(block, TextContent)]
+    assert len(blocks) == len(result.content)
+    return [block.text for block in blocks]
 
 
 def dump(model: Any) -> Any:
@@ -205,15 +239,14 @@ async def test_notifications_pass_through_both_ways(
         await client.call_tool("notify", {})
         await client.session.send_notification(RootsListChangedNotification())
         for _ in range(100):
-            kinds = {type(m) for m in received}
+            updated = [m.params.uri for m in received if isinstance(m, ResourceUpdatedNotification)]
             relayed = any(c["tool"] == "notifications/roots/list_changed" for c in calls())
-            if {ToolListChangedNotification, ResourceUpdatedNotification} <= kinds and relayed:
+            if LIST_CHANGES <= {type(m) for m in received} and len(updated) == 2 and relayed:
                 break
             await asyncio.sleep(0.02)
     assert [(m.level, m.data) for m in logged] == [("info", f"step {i} of 3") for i in (1, 2, 3)]
-    updated = [m for m in received if isinstance(m, ResourceUpdatedNotification)]
-    assert [m.params.uri for m in updated] == ["note://today"]
-    assert any(isinstance(m, ToolListChangedNotification) for m in received)
+    assert updated == ["note://today", "note://monday"]
+    assert LIST_CHANGES <= {type(m) for m in received}
     assert calls()[-1] == {"tool": "notifications/roots/list_changed", "arguments": {}}
 
 
@@ -258,6 +291,305 @@ async def test_a_2026_client_gets_progress_and_opted_in_logs(
         await client.call_tool("slow", {"steps": 2}, progress_callback=on_progress)
     assert progress == [1.0, 2.0]
     assert logged == ["step 1 of 2", "step 2 of 2"]
+
+
+# --------------------------------------------------------------------------- the upstream's questions
+
+
+async def sample(ctx: ClientRequestContext, params: CreateMessageRequestParams) -> CreateMessageResult:
+    (message,) = params.messages
+    assert isinstance(message.content, TextContent)
+    return CreateMessageResult(
+        role="assistant", content=TextContent(type="text", text=f"sampled {message.content.text}"), model="m1"
+    )
+
+
+async def elicit(ctx: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+    if params.mode == "url":
+        return ElicitResult(action="accept")
+    return ElicitResult(action="accept", content={"answer": "yes"})
+
+
+async def list_roots(ctx: ClientRequestContext) -> ListRootsResult:
+    return ListRootsResult(roots=[Root(uri="file:///work", name="work")])
+
+
+ASKING: dict[str, Any] = {
+    "sampling_callback": sample,
+    "elicitation_callback": elicit,
+    "list_roots_callback": list_roots,
+}
+QUESTIONS = [
+    ("ask_model", {"prompt": "hi"}),
+    ("ask_user", {"question": "ok?"}),
+    ("visit", {"url": "https://example.com/pay"}),
+    ("roots", {}),
+]
+
+
+async def answers(client: Client) -> list[list[str]]:
+    return [texts(await client.call_tool(tool, arguments)) for tool, arguments in QUESTIONS]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_upstreams_questions_reach_the_client_and_its_answers_come_back(
+    server: Server, agent_key: str, tmp_path: Path, mode: str
+) -> None:
+    async with proxied(tmp_path, server.url, agent_key, mode=mode, **ASKING) as client:
+        through_proxy = await answers(client)
+    assert through_proxy == [["m1: sampled hi"], ["accept: yes"], ["accept"], ["file:///work"]]
+    if mode == "legacy":  # a 2026-07-28 client cannot be asked mid-call: the proxy asks it between rounds
+        async with direct(tmp_path, mode, **ASKING) as plain:
+            assert await answers(plain) == through_proxy
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_client_that_did_not_offer_a_capability_is_not_asked(
+    server: Server, agent_key: str, tmp_path: Path, mode: str
+) -> None:
+    async with proxied(tmp_path, server.url, agent_key, mode=mode) as client:
+        through_proxy = await answers(client)
+    assert through_proxy == [
+        ["refused (-32600): Sampling not supported"],
+        ["refused (-32600): Elicitation not supported"],
+        ["refused (-32600): Elicitation not supported"],
+        ["refused (-32600): List roots not supported"],
+    ]
+    if mode == "legacy":
+        async with direct(tmp_path, mode) as plain:
+            assert await answers(plain) == through_proxy, "the answers the client itself gives"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_gated_call_that_asks_the_user_is_asked_of_signoff_once(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    mode: str,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    asked: list[str] = []
+
+    async def memo(ctx: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"answer": "rent"})
+
+    payment = {"invoice_id": "inv-7", "amount": 90_000}
+    async with (
+        proxied(
+            tmp_path, server.url, agent_key, "--hold", "20", mode=mode, elicitation_callback=memo
+        ) as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        call = asyncio.create_task(client.call_tool("pay_with_memo", payment))
+        (rid,) = await pending_ids(runtime, admin)
+        assert calls() == [], "nothing runs before the approval"
+        assert asked == [], "nobody is asked before the approval"
+        await vote(runtime, rid, Verdict.APPROVE, "bob")
+        result = await asyncio.wait_for(call, 15)
+        assert text(result) == "paid inv-7: 90000 (rent)"
+        assert asked == ["Memo for inv-7?"]
+        assert len((await admin.get("/v1/admin/requests")).json()) == 1, "the answering round asked nobody"
+        if mode == "auto":
+            assert client.protocol_version == "2026-07-28"
+            with pytest.raises(MCPError) as forged:
+                await client.session.call_tool(
+                    "pay_with_memo",
+                    payment,
+                    request_state="v1.forged",
+                    input_responses={},
+                    allow_input_required=True,
+                )
+            assert forged.value.error.message == "Invalid or expired requestState"
+    assert [c["tool"] for c in calls()] == ["pay_with_memo", "pay_with_memo paid"]
+
+
+async def test_an_upstream_asking_for_roots_as_it_starts_asks_the_client_that_connects(
+    tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    upstream = [*UPSTREAM, "--roots-on-start", "--log", str(tmp_path / "calls.jsonl")]
+    params = StdioServerParameters(
+        command=PROXY[0],
+        args=[*PROXY[1:], *proxy_args(tmp_path, upstream=upstream)],
+        env=proxy_env(f"http://127.0.0.1:{free_port()}", KEY),
+        cwd=str(REPO),
+    )
+    async with Client(params, mode="legacy", cache=None, list_roots_callback=list_roots):
+        for _ in range(200):
+            if calls():
+                break
+            await asyncio.sleep(0.05)
+    assert calls() == [{"tool": "roots at start", "arguments": {"roots": ["file:///work"]}}]
+
+
+async def test_over_http_each_question_reaches_the_client_whose_call_asked_it(
+    server: Server, agent_key: str, tmp_path: Path
+) -> None:
+    asked: dict[str, list[str]] = {"a": [], "b": []}
+
+    def answering(who: str) -> Any:
+        async def answer(ctx: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+            asked[who].append(params.message)
+            return ElicitResult(action="accept", content={"answer": who})
+
+        return answer
+
+    port = free_port()
+    with http_upstream(tmp_path) as upstream_url:
+        options = ["--name", "up", "--url", upstream_url, "--listen", f"127.0.0.1:{port}"]
+        with process([*PROXY, *options], env=proxy_env(server.url, agent_key)) as proxy:
+            wait_for_port(port, proxy)
+            url = f"http://127.0.0.1:{port}/mcp"
+            async with (
+                Client(url, mode="legacy", cache=None, elicitation_callback=answering("a")) as a,
+                Client(url, mode="legacy", cache=None, elicitation_callback=answering("b")) as b,
+            ):
+                results = await asyncio.gather(
+                    a.call_tool("ask_user", {"question": "for a", "wait": 0.5}),
+                    b.call_tool("ask_user", {"question": "for b", "wait": 0.5}),
+                )
+    assert [text(r) for r in results] == ["accept: a", "accept: b"]
+    assert asked == {"a": ["for a"], "b": ["for b"]}
+
+
+# --------------------------------------------------------------------------- changes and subscriptions
+
+
+async def test_a_2026_client_hears_of_changes_through_its_subscription(
+    server: Server, agent_key: str, tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    events: set[Any] = set()
+    async with proxied(tmp_path, server.url, agent_key, mode="auto") as client:
+        assert client.protocol_version == "2026-07-28"
+        capabilities = client.server_capabilities
+        assert capabilities.tools is not None
+        assert capabilities.tools.list_changed
+        assert capabilities.resources is not None
+        assert capabilities.resources.subscribe
+        async with client.listen(
+            tools_list_changed=True,
+            prompts_list_changed=True,
+            resources_list_changed=True,
+            resource_subscriptions=["note://today"],
+        ) as changes:
+            assert calls() == [{"tool": "resources/subscribe", "arguments": {"uri": "note://today"}}]
+            await client.call_tool("notify", {})
+            with anyio.fail_after(10):
+                async for event in changes:
+                    events.add(event)
+                    if len(events) == 4:
+                        break
+        for _ in range(100):
+            if calls()[-1]["tool"] == "resources/unsubscribe":
+                break
+            await asyncio.sleep(0.05)
+    assert events == {
+        ToolsListChanged(),
+        PromptsListChanged(),
+        ResourcesListChanged(),
+        ResourceUpdated("note://today"),
+    }
+    assert calls()[-1] == {"tool": "resources/unsubscribe", "arguments": {"uri": "note://today"}}
+
+
+async def test_clients_of_both_eras_share_one_subscription_upstream(
+    server: Server, agent_key: str, tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    received: list[Any] = []
+
+    async def on_message(message: Any) -> None:
+        received.append(message)
+
+    def subscriptions() -> list[tuple[str, str]]:
+        return [(c["tool"], c["arguments"]["uri"]) for c in calls() if c["tool"].startswith("resources/")]
+
+    port = free_port()
+    options = ["--listen", f"127.0.0.1:{port}"]
+    with process([*PROXY, *proxy_args(tmp_path, *options)], env=proxy_env(server.url, agent_key)) as proxy:
+        wait_for_port(port, proxy)
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with (
+            Client(url, mode="legacy", cache=None, message_handler=on_message) as old,
+            Client(url, mode="auto", cache=None) as new,
+        ):
+            await old.session.send_request(
+                SubscribeRequest(params=SubscribeRequestParams(uri="note://today")), EmptyResult
+            )
+            async with new.listen(resource_subscriptions=["note://today"]) as changes:
+                assert subscriptions() == [("resources/subscribe", "note://today")], (
+                    "one subscription upstream"
+                )
+                await old.session.send_request(
+                    UnsubscribeRequest(params=UnsubscribeRequestParams(uri="note://today")), EmptyResult
+                )
+                assert subscriptions() == [("resources/subscribe", "note://today")], (
+                    "still held for the listener"
+                )
+                await old.call_tool("notify", {})
+                with anyio.fail_after(10):
+                    event = await anext(aiter(changes))
+            for _ in range(100):
+                if len(subscriptions()) == 2:
+                    break
+                await asyncio.sleep(0.05)
+    assert event == ResourceUpdated("note://today")
+    assert subscriptions() == [
+        ("resources/subscribe", "note://today"),
+        ("resources/unsubscribe", "note://today"),
+    ]
+    updated = [m.params.uri for m in received if isinstance(m, ResourceUpdatedNotification)]
+    assert updated == ["note://today", "note://monday"], (
+        "a handshake-era client hears what the upstream sends"
+    )
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_tools_call_made_as_a_task_is_gated_and_answered_as_a_plain_call(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    mode: str,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    tasks = [advertise("io.modelcontextprotocol/tasks")]
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "0.5", mode=mode, extensions=tasks) as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        capabilities = client.server_capabilities
+        assert capabilities.tasks is None, "the proxy offers no tasks"
+        assert capabilities.extensions is None
+
+        async def pay() -> CallToolResult:
+            if mode == "legacy":  # a 2025-11-25 task-augmented request
+                params = CallToolRequestParams(
+                    name="pay_invoice", arguments=BIG, task=TaskMetadata(ttl=60_000)
+                )
+                return await client.session.send_request(CallToolRequest(params=params), CallToolResult)
+            return await client.call_tool("pay_invoice", BIG)  # a client that takes tasks where offered
+
+        waiting = await pay()
+        (rid,) = await pending_ids(runtime, admin)
+        assert waiting.is_error
+        assert waiting.meta is not None
+        assert (waiting.meta["signoff/decision"], waiting.meta["signoff/request_id"]) == ("pending", rid)
+        assert calls() == [], "not run before the approval"
+        with pytest.raises(MCPError) as refused:
+            await client.session.send_request(
+                Request(method="tasks/get", params={"taskId": "t-1"}), EmptyResult
+            )
+        assert refused.value.error.code == METHOD_NOT_FOUND
+        assert "does not relay tasks" in refused.value.error.message
+        await vote(runtime, rid, Verdict.APPROVE, "alice")
+        assert text(await pay()) == "paid inv-1: 90000"
+    assert calls() == [{"tool": "pay_invoice", "arguments": {**BIG, "memo": ""}}], "run once, not as a task"
 
 
 # --------------------------------------------------------------------------- gating

@@ -1,8 +1,25 @@
-"""The MCP proxy's command line and its per-call bookkeeping, without any process or network."""
+"""The MCP proxy's command line, per-call bookkeeping and capability checks, with no process or network."""
 
 from __future__ import annotations
 
 import pytest
+from mcp.types import (
+    ClientCapabilities,
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    ElicitationCapability,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitRequestURLParams,
+    InputRequest,
+    ListRootsRequest,
+    SamplingCapability,
+    SamplingMessage,
+    SamplingToolsCapability,
+    TextContent,
+    Tool,
+    UrlElicitationCapability,
+)
 
 from signoff.hooks.mcp_proxy import DEFAULT_HOLD, ConfigError, parse_args
 from signoff.hooks.mcp_proxy._calls import (
@@ -11,6 +28,7 @@ from signoff.hooks.mcp_proxy._calls import (
     gated_tool_name,
     waiting_text,
 )
+from signoff.hooks.mcp_proxy._clients import refusal
 
 
 def test_gated_names_follow_claude_code() -> None:
@@ -146,3 +164,44 @@ def test_listening_over_http() -> None:
 def test_unusable_command_lines_are_refused_with_the_fix(argv: list[str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         parse_args(argv, ENV)
+
+
+FORM = ElicitRequest(params=ElicitRequestFormParams(message="ok?", requested_schema={"type": "object"}))
+URL = ElicitRequest(
+    params=ElicitRequestURLParams(message="go", url="https://example.com", elicitation_id="e")
+)
+TOOLS = CreateMessageRequest(
+    params=CreateMessageRequestParams(
+        messages=[SamplingMessage(role="user", content=TextContent(type="text", text="hi"))],
+        max_tokens=5,
+        tools=[Tool(name="t", input_schema={"type": "object"})],
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("request_", "capabilities", "refused"),
+    [
+        (FORM, ClientCapabilities(elicitation=ElicitationCapability()), None),
+        (URL, ClientCapabilities(elicitation=ElicitationCapability()), "URL-mode elicitation not supported"),
+        (URL, ClientCapabilities(elicitation=ElicitationCapability(url=UrlElicitationCapability())), None),
+        (
+            FORM,
+            ClientCapabilities(elicitation=ElicitationCapability(url=UrlElicitationCapability())),
+            "Form-mode elicitation not supported",
+        ),
+        (
+            TOOLS,
+            ClientCapabilities(sampling=SamplingCapability()),
+            "Client does not support sampling tools capability",
+        ),
+        (TOOLS, ClientCapabilities(sampling=SamplingCapability(tools=SamplingToolsCapability())), None),
+        (ListRootsRequest(), ClientCapabilities(), "List roots not supported"),
+        (ListRootsRequest(), None, "List roots not supported"),
+    ],
+)
+def test_a_question_a_client_did_not_offer_to_answer_is_refused_as_it_would(
+    request_: InputRequest, capabilities: ClientCapabilities | None, refused: str | None
+) -> None:
+    answer = refusal(request_, capabilities)
+    assert (answer.message if answer else None) == refused

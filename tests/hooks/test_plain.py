@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from signoff.hooks._gate import HttpCall, HttpReply, TransportFailure
-from signoff.hooks._plain import PlainGateClient
+from signoff.hooks._plain import BadResponse, PlainGateClient, ResponseParser
 from signoff.hooks._plain_async import AsyncPlainGateClient
 
 
@@ -258,3 +258,24 @@ def test_any_framing_and_any_split_gives_the_same_body(
     with client(raw.url) as exchange:
         assert exchange(POST) == HttpReply(200, body, None)
         assert exchange(POST) == HttpReply(200, b"ok", None), "the next answer on the same connection"
+
+
+def test_the_shared_parser_frames_a_response_fed_a_byte_at_a_time() -> None:
+    """Without any I/O: an interim answer skipped, a chunked body, the next pipelined answer kept."""
+    body = encode_chunked(b"hello world", [5, 1])
+    wire = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+    parser = ResponseParser()
+    complete = [parser.feed(wire[i : i + 1]) for i in range(len(wire))]
+    assert complete == [False] * (len(wire) - 1) + [True]
+    assert parser.feed(b"HTTP/1.1 204")
+    assert (parser.status, parser.body, parser.leftover) == (200, b"hello world", b"HTTP/1.1 204")
+
+    to_close = ResponseParser()
+    assert not to_close.feed(b"HTTP/1.0 200 OK\r\n\r\n{}")
+    assert to_close.feed_eof()
+    assert (to_close.old, to_close.body) == (True, b"{}")
+
+    cut = ResponseParser()
+    assert not cut.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}")
+    with pytest.raises(BadResponse, match="connection closed mid-body"):
+        cut.feed_eof()
