@@ -1,20 +1,31 @@
-"""Engines, the request-scoped session (the one place that commits) and migrations."""
+"""Engines, units of work (the one place that commits) and migrations.
+
+:func:`transaction` is the one way to open a unit of work: it commits on success and rolls
+back on any exception. What a commit owes the rest of the process (waking the agents waiting
+on a decision, the outbox dispatcher) is registered with :func:`on_commit` as the
+transaction goes: it runs once the transaction has committed, never if it rolls back.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+import sqlmodel
+from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import SessionTransaction
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.bodies import read_json
@@ -23,16 +34,21 @@ from signoff.app.sqlite import create_engine as sqlite_engine
 __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
-    "YIELD_AFTER_COMMIT",
+    "Session",
+    "Wakeups",
     "async_url",
     "create_engine",
     "dialect_of",
     "insert_ignoring",
     "is_sqlite",
     "migrate",
+    "on_commit",
     "sessionmaker",
     "transaction",
+    "wake_after_commit",
 ]
+
+log = logging.getLogger("signoff")
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -94,24 +110,127 @@ def insert_ignoring(dialect: str, table: sa.Table, unique: tuple[str, ...]) -> s
     return stmt
 
 
-def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    return async_sessionmaker(engine, class_=AsyncSession, expire_on_commit=False)
+def _nobody(*_: object) -> None:
+    pass
 
 
-YIELD_AFTER_COMMIT = "signoff.yield_after_commit"
-"""Set in a session's ``info`` by an after-commit hook that woke other tasks (agents waiting on
-a decision): the transaction then yields once, so they answer before its caller goes on."""
+@dataclass(frozen=True, slots=True)
+class Wakeups:
+    """Whom a commit wakes in this process: the agents waiting on the requests it decided,
+    and the outbox dispatcher when it queued deliveries. Sessions made without (the CLI's)
+    wake nobody here; other processes hear of decisions through the database."""
+
+    decided: Callable[[Sequence[str]], None] = _nobody
+    queued: Callable[[], None] = _nobody
+
+
+class Session(sqlmodel.Session):
+    """The synchronous half of every session the server opens: it holds the callbacks its
+    transaction owes its commit (:func:`on_commit`) and whom a commit wakes."""
+
+    def __init__(self, *args: Any, wakeups: Wakeups | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.wakeups = wakeups or Wakeups()
+        self.owed: list[tuple[SessionTransaction | None, Callable[[], object]]] = []
+        """Callbacks, each with the savepoint it was registered in (None: outside any)."""
+        self.woke = False
+        """Whether the last commit ran callbacks (their tasks get a turn; see transaction)."""
+
+
+def _enclosing_savepoint(savepoint: SessionTransaction) -> SessionTransaction | None:
+    outer = savepoint.parent
+    while outer is not None and not outer.nested:
+        outer = outer.parent
+    return outer
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    savepoint = session.get_nested_transaction()
+    if savepoint is not None:
+        # A savepoint was released: what it owes now waits on the transaction around it.
+        outer = _enclosing_savepoint(savepoint)
+        session.owed = [(outer if at is savepoint else at, fn) for at, fn in session.owed]
+        return
+    owed, session.owed = session.owed, []
+    session.woke = bool(owed)
+    for _, fn in owed:
+        try:
+            fn()
+        except Exception:  # the transaction has committed: its caller must not be told it failed
+            log.exception("a callback after commit failed")
+
+
+@event.listens_for(Session, "after_rollback")
+def _after_rollback(session: Session) -> None:
+    savepoint = session.get_nested_transaction()
+    if savepoint is None:
+        session.owed = []
+    else:
+        session.owed = [(at, fn) for at, fn in session.owed if at is not savepoint]
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _after_transaction_end(session: Session, ended: SessionTransaction) -> None:
+    if ended.parent is None:
+        session.owed = []  # closed without a commit or a rollback (the session was closed)
+
+
+def _sync(session: AsyncSession) -> Session:
+    sync = session.sync_session
+    if not isinstance(sync, Session):
+        raise TypeError("a session made by signoff.app.db.sessionmaker is needed here")
+    return sync
+
+
+def on_commit(session: AsyncSession, callback: Callable[[], object]) -> None:
+    """Call ``callback`` once ``session``'s transaction has committed; never if it rolls back.
+
+    Registered inside a savepoint, it is dropped if that savepoint rolls back. Callbacks run
+    in the order they were registered; one that raises is logged and the others still run.
+    """
+    sync = _sync(session)
+    if not sync.in_transaction():
+        raise RuntimeError("on_commit outside a transaction: there is no commit to wait for")
+    sync.owed.append((sync.get_nested_transaction(), callback))
+
+
+def wake_after_commit(session: AsyncSession, *, decided: Sequence[str] = (), queued: bool = False) -> None:
+    """Once ``session``'s transaction commits, wake this process's agents waiting on the
+    requests ``decided``, and the outbox dispatcher if deliveries were ``queued``."""
+    wakeups = _sync(session).wakeups
+    if decided:
+        on_commit(session, functools.partial(wakeups.decided, tuple(decided)))
+    if queued:
+        on_commit(session, wakeups.queued)
+
+
+def sessionmaker(engine: AsyncEngine, *, wakeups: Wakeups | None = None) -> async_sessionmaker[AsyncSession]:
+    """Sessions on ``engine`` whose commits wake ``wakeups``."""
+    return async_sessionmaker(
+        engine,
+        class_=AsyncSession,
+        sync_session_class=Session,
+        expire_on_commit=False,
+        wakeups=wakeups or Wakeups(),
+    )
 
 
 @asynccontextmanager
 async def transaction(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
-    """One transaction: commit on success, roll back on any exception."""
+    """A unit of work: commit on success, roll back on any exception.
+
+    After a commit that ran callbacks (:func:`on_commit`) the caller yields once, so the
+    tasks they woke (agents waiting on a decision) answer before it goes on.
+    """
     session = factory()
     try:
         yield session
         if session.in_transaction():
             await session.commit()
-            if session.info.pop(YIELD_AFTER_COMMIT, False):
+            sync = session.sync_session
+            if isinstance(sync, Session) and sync.woke:
+                sync.woke = False
                 await asyncio.sleep(0)
     except BaseException:
         await session.rollback()

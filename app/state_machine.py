@@ -22,7 +22,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Actor
-from signoff.app.db import core_row, dialect_of
+from signoff.app.db import core_row, dialect_of, wake_after_commit
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
 from signoff.hooks import Decision, HookResult
@@ -30,9 +30,7 @@ from signoff.hooks._gate import describe_request
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
-    "DECIDED_KEY",
     "NOTIFY_CHANNEL",
-    "OUTBOX_KEY",
     "TERMINAL",
     "decision_for",
     "expire_overdue",
@@ -50,10 +48,8 @@ ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
 }
 TERMINAL = frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if not targets)
 
-DECIDED_KEY = "signoff.decided"
 NOTIFY_CHANNEL = "signoff_decided"
 NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
-OUTBOX_KEY = "signoff.outbox"
 
 
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
@@ -90,7 +86,7 @@ async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, no
     ``notified``: the NOTIFY was already sent (within the deciding statement)."""
     if not request_ids:
         return
-    session.sync_session.info.setdefault(DECIDED_KEY, set()).update(request_ids)
+    wake_after_commit(session, decided=request_ids)
     if not notified and _on_postgres(session):
         for i in range(0, len(request_ids), NOTIFY_BATCH):
             payload = ",".join(request_ids[i : i + NOTIFY_BATCH])
@@ -123,7 +119,7 @@ async def queue_updates(session: AsyncSession, request_id: str) -> None:
     ]
     if owed:
         await session.exec(_INSERT_DELIVERY, params=owed)
-        session.sync_session.info[OUTBOX_KEY] = True
+        wake_after_commit(session, queued=True)
 
 
 @functools.cache
