@@ -33,11 +33,11 @@ from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
-from signoff.app.db import dialect_of, insert_ignoring, transaction, wake_after_commit
+from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.eligibility import GateSnapshot, gates_of
-from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
+from signoff.app.models import ConfirmationRequest, Status, from_row, utcnow
 from signoff.app.redaction import redact
-from signoff.app.state_machine import decision_for
+from signoff.app.state_machine import DECIDED_COLUMNS, decision_for, owed_delivery, queue_deliveries
 from signoff.hooks import Decision, HookContext, HookResult
 
 __all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
@@ -46,14 +46,8 @@ MAX_BATCH = 256
 """Calls written in one transaction at most."""
 
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
-_DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
-_INSERT_DELIVERIES = sa.insert(_DELIVERIES)
 _IDEMPOTENCY_KEY = ("agent_id", "idempotency_key")
-
-
-_UNDECIDED = dict.fromkeys(
-    ("reason", "decided_at", "decided_by_channel", "decided_by_user_id", "decided_by_name")
-)
+_UNDECIDED = dict.fromkeys(DECIDED_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,23 +64,6 @@ class NewRequest:
     @property
     def id(self) -> str:
         return str(self.row["id"])
-
-
-def _post(row: dict[str, Any], channel: str) -> dict[str, Any]:
-    """The outbox row owing ``channel`` the request's card."""
-    return {
-        "request_id": row["id"],
-        "channel": channel,
-        "kind": "post",
-        "status": OutboxStatus.PENDING,
-        "attempts": 0,
-        "next_attempt_at": row["created_at"],
-        "leased_until": None,
-        "last_error": None,
-        "message_ref": None,
-        "created_at": row["created_at"],
-        "sent_at": None,
-    }
 
 
 async def write_new_requests(
@@ -122,10 +99,9 @@ async def write_new_requests(
             raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
         answers.append(found)
     new = [n for n in batch if n.id in written]
-    posts = [_post(n.row, channel) for n in new for channel in n.cards]
-    if posts:
-        await session.exec(_INSERT_DELIVERIES, params=posts)
-        wake_after_commit(session, queued=True)
+    await queue_deliveries(
+        session, [owed_delivery(n.id, ch, "post", n.row["created_at"]) for n in new for ch in n.cards]
+    )
     # The audit events last: on PostgreSQL the head row is locked until commit.
     await audit.append_many(
         session,
