@@ -4,6 +4,7 @@ releases they were written for, which pyproject.toml pins."""
 from __future__ import annotations
 
 import re
+import sqlite3
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -39,14 +40,15 @@ def test_pyproject_pins_the_releases_the_sqlite_tweaks_were_written_for(repo_roo
 
 async def test_the_private_parts_used_are_there(tmp_path: Path) -> None:
     """What InlineSQLite and _FairQueue reach into, by name: a release that renames one fails here."""
-    conn = aiosqlite.Connection(lambda: __import__("sqlite3").connect(tmp_path / "x.db"), iter_chunk_size=64)
+    conn = aiosqlite.Connection(lambda: sqlite3.connect(tmp_path / "x.db"), iter_chunk_size=64)
     for name in ("_connection", "_running", "_thread"):
         assert hasattr(conn, name), f"aiosqlite {version('aiosqlite')}: Connection has no {name}"
     assert callable(aiosqlite.Connection._execute), "aiosqlite: Connection has no _execute"
     assert isinstance(aiosqlite.Connection._conn, property), "aiosqlite: Connection has no _conn"
     assert hasattr(AsyncAdaptedQueue(), "_queue"), f"SQLAlchemy {sa.__version__}: no AsyncAdaptedQueue._queue"
-    assert issubclass(sqlite._FairPool, AsyncAdaptedQueuePool)
-    assert AsyncAdaptedQueuePool._queue_class is not None
+    assert issubclass(AsyncAdaptedQueuePool._queue_class, AsyncAdaptedQueue), (
+        f"SQLAlchemy {sa.__version__}: AsyncAdaptedQueuePool no longer takes its queue from _queue_class"
+    )
 
 
 async def _write_and_read(url: str) -> tuple[bool, int]:
