@@ -6,12 +6,11 @@ committed before the agent hears ``pending``. An idempotency key already used
 by the agent answers with the request that holds it instead (a replay), and
 never for a different call.
 
-Calls that arrive together are written together (group commit): the
-:class:`Intake` writes whatever calls are waiting in one transaction of a few
+One call writes a request: :meth:`Intake.create_request`, as part of the call's
+unit of work. Calls that arrive together are written together (group commit):
+the intake writes whatever calls are waiting in one transaction of a few
 multi-row statements, so a busy server pays for one transaction and one turn
-of the audit chain's head-row lock per batch rather than per call. A call whose
-own transaction has already begun (another hook wrote in it) is written in
-that transaction instead.
+of the audit chain's head-row lock per batch rather than per call.
 """
 
 from __future__ import annotations
@@ -36,9 +35,9 @@ from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.eligibility import GateSnapshot, gates_of
-from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, from_row, utcnow
+from signoff.app.models import ConfirmationRequest, Status, from_row, utcnow
 from signoff.app.redaction import redact
-from signoff.app.state_machine import OUTBOX_KEY, decision_for
+from signoff.app.state_machine import DECIDED_COLUMNS, decision_for, owed_delivery, queue_deliveries
 from signoff.hooks import Decision, HookContext, HookResult
 
 __all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
@@ -47,14 +46,8 @@ MAX_BATCH = 256
 """Calls written in one transaction at most."""
 
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
-_DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
-_INSERT_DELIVERIES = sa.insert(_DELIVERIES)
 _IDEMPOTENCY_KEY = ("agent_id", "idempotency_key")
-
-
-_UNDECIDED = dict.fromkeys(
-    ("reason", "decided_at", "decided_by_channel", "decided_by_user_id", "decided_by_name")
-)
+_UNDECIDED = dict.fromkeys(DECIDED_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,23 +64,6 @@ class NewRequest:
     @property
     def id(self) -> str:
         return str(self.row["id"])
-
-
-def _post(row: dict[str, Any], channel: str) -> dict[str, Any]:
-    """The outbox row owing ``channel`` the request's card."""
-    return {
-        "request_id": row["id"],
-        "channel": channel,
-        "kind": "post",
-        "status": OutboxStatus.PENDING,
-        "attempts": 0,
-        "next_attempt_at": row["created_at"],
-        "leased_until": None,
-        "last_error": None,
-        "message_ref": None,
-        "created_at": row["created_at"],
-        "sent_at": None,
-    }
 
 
 async def write_new_requests(
@@ -123,10 +99,9 @@ async def write_new_requests(
             raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
         answers.append(found)
     new = [n for n in batch if n.id in written]
-    posts = [_post(n.row, channel) for n in new for channel in n.cards]
-    if posts:
-        await session.exec(_INSERT_DELIVERIES, params=posts)
-        session.sync_session.info[OUTBOX_KEY] = True
+    await queue_deliveries(
+        session, [owed_delivery(n.id, ch, "post", n.row["created_at"]) for n in new for ch in n.cards]
+    )
     # The audit events last: on PostgreSQL the head row is locked until commit.
     await audit.append_many(
         session,
@@ -147,48 +122,62 @@ _Waiting = tuple[NewRequest, "asyncio.Future[ConfirmationRequest | None]"]
 
 
 class Intake:
-    """Group commit for new requests (see the module's description).
+    """Writes new requests (see the module's description).
 
     The first call to arrive starts a writer; calls arriving while it writes wait
     for the next batch. An idle server writes a lone call at once, so nothing
     waits for a batch to fill. When a batch fails with an error that may belong
     to one call (a value the database refuses), its calls are written again one
-    by one, so each gets its own answer.
+    by one, so each gets its own answer. Without ``sessions`` (tests, tools), each
+    request is written in its call's unit of work alone.
     """
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession] | None = None, *, max_batch: int = MAX_BATCH
+    ) -> None:
         self._sessions = sessions
         self._max_batch = max_batch
         self._queue: list[_Waiting] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def write(self, new: NewRequest) -> ConfirmationRequest | None:
-        """Write ``new`` (committed on return): None, or the request already holding its key."""
+    async def create_request(self, session: AsyncSession, new: NewRequest) -> ConfirmationRequest | None:
+        """Write ``new`` as part of the call's unit of work ``session``: None, or the request
+        that already holds its idempotency key.
+
+        Either way the request is committed by the time the call's unit of work has. While
+        that unit of work has written nothing, the request is written with the other calls'
+        arriving at once in one transaction of the intake's, committed before this returns:
+        nothing else of the call's is in it, so nothing is left for the call to commit.
+        Once it has begun (a rate limit took a token), the request is written in it: a
+        transaction of the intake's would wait for its locks (on SQLite, its connection).
+        """
+        if self._sessions is None or session.in_transaction():
+            return (await write_new_requests(session, [new]))[0]
         future: asyncio.Future[ConfirmationRequest | None] = asyncio.get_running_loop().create_future()
         self._queue.append((new, future))
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain())
+            self._writer = asyncio.create_task(self._drain(self._sessions))
         return await future
 
-    async def _drain(self) -> None:
+    async def _drain(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         await asyncio.sleep(0)  # let calls already under way join the first batch
         while self._queue:
             batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
             try:
-                await self._write(batch)
+                await self._write(sessions, batch)
             finally:
                 for _, future in batch:
                     if not future.done():
                         future.cancel()
 
-    async def _write(self, batch: list[_Waiting]) -> None:
+    async def _write(self, sessions: async_sessionmaker[AsyncSession], batch: list[_Waiting]) -> None:
         try:
-            async with transaction(self._sessions) as session:
+            async with transaction(sessions) as session:
                 answers = await write_new_requests(session, [n for n, _ in batch])
         except Exception as exc:
             if len(batch) > 1 and _isolate(exc):
                 for item in batch:
-                    await self._write([item])
+                    await self._write(sessions, [item])
                 return
             for _, future in batch:
                 if not future.done():
@@ -200,11 +189,8 @@ class Intake:
 
 
 class Approvals:
-    """The server side of the confirmation gate for one call (see :class:`signoff.hooks.HookServices`).
-
-    Writes through ``intake`` unless the call's ``session`` already holds a transaction
-    (or there is no intake), in which case the request joins that transaction.
-    """
+    """The server side of the confirmation gate for one call (see :class:`signoff.hooks.HookServices`):
+    its request is written by ``intake`` as part of the call's unit of work ``session``."""
 
     def __init__(
         self,
@@ -216,7 +202,7 @@ class Approvals:
     ) -> None:
         self._session = session
         self._config = config
-        self._intake = intake
+        self._intake = intake or Intake()
         self._now = now
         self.created: ConfirmationRequest | None = None
         self.request: ConfirmationRequest | None = None
@@ -313,10 +299,7 @@ class Approvals:
             # let the call on by this request, which holds every gate that matched.
             return self._replay(self.request, digest, key)
         new = self._prepare(ctx, gate, matched)
-        if self._intake is None or self._session.in_transaction():
-            found = (await write_new_requests(self._session, [new]))[0]
-        else:
-            found = await self._intake.write(new)
+        found = await self._intake.create_request(self._session, new)
         if found is not None:
             return self._replay(found, digest, key)
         req = from_row(ConfirmationRequest, new.row)

@@ -178,7 +178,8 @@ def create_app(
                 rt.sessions,
                 rt.channels,
                 lambda: rt.config,
-                wake=rt.hub.outbox,
+                wake=rt.outbox_wake,
+                reads=rt.reads,
                 poll_seconds=settings.outbox_poll_seconds,
                 lease_seconds=settings.outbox_lease_seconds,
             )

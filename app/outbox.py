@@ -24,6 +24,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app.audit import Actor
 from signoff.app.cards import build_card
 from signoff.app.config import SignoffConfig
+from signoff.app.db import transaction
 from signoff.app.metrics import DELIVERIES
 from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
 from signoff.app.state_machine import get_request, transition
@@ -56,11 +57,13 @@ class Dispatcher:
         config: Callable[[], SignoffConfig],
         *,
         wake: asyncio.Event,
+        reads: async_sessionmaker[AsyncSession] | None = None,
         poll_seconds: float = 1.0,
         lease_seconds: float = 30.0,
         concurrency: int = 8,
     ) -> None:
         self._sessions = sessions
+        self._reads = reads or sessions
         self._channels = channels
         self._config = config
         self._wake = wake
@@ -95,7 +98,7 @@ class Dispatcher:
         return len(ids)
 
     async def _claim(self, now: datetime, limit: int) -> list[int]:
-        async with self._sessions() as session, session.begin():
+        async with transaction(self._sessions) as session:
             due = (
                 await session.exec(
                     select(Delivery.id)
@@ -133,7 +136,7 @@ class Dispatcher:
                 log.exception("delivery %s failed unexpectedly", delivery_id)
 
     async def _deliver(self, delivery_id: int) -> None:
-        async with self._sessions() as session:
+        async with self._reads() as session:
             d = await session.get(Delivery, delivery_id)
             req = await get_request(session, d.request_id) if d else None
             if d is None or req is None:
@@ -197,7 +200,7 @@ class Dispatcher:
     async def _finish(
         self, delivery_id: int, *, ref: dict[str, str] | None = None, failed: str | None = None
     ) -> None:
-        async with self._sessions() as session, session.begin():
+        async with transaction(self._sessions) as session:
             values: dict[str, object] = {"leased_until": None, "attempts": Delivery.attempts + 1}
             if failed is None:
                 values |= {"status": OutboxStatus.SENT.value, "sent_at": utcnow(), "last_error": None}
@@ -210,7 +213,7 @@ class Dispatcher:
     async def _retry(
         self, delivery_id: int, attempts: int, error: str, delay: float, *, count: bool = True
     ) -> None:
-        async with self._sessions() as session, session.begin():
+        async with transaction(self._sessions) as session:
             await session.exec(
                 sa.update(Delivery)
                 .where(col(Delivery.id) == delivery_id)
@@ -228,7 +231,7 @@ class Dispatcher:
         log.warning("%s (request %s)", reason, d.request_id)
         await self._finish(d.id, failed=exc.reason)
         if d.kind == "post":
-            async with self._sessions() as session, session.begin():
+            async with transaction(self._sessions) as session:
                 await transition(
                     session, d.request_id, Status.CANCELLED, actor=Actor("system", "outbox"), reason=reason
                 )

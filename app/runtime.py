@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -9,20 +10,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit, metrics, replicas
 from signoff.app.channel_types import build_channel
 from signoff.app.clicks import ClickService
 from signoff.app.config import ConfigError, SignoffConfig, load_config
-from signoff.app.db import YIELD_AFTER_COMMIT, create_engine, is_sqlite, transaction
+from signoff.app.db import Wakeups, create_engine, is_sqlite, sessionmaker, transaction
 from signoff.app.intake import Intake
 from signoff.app.models import ConfirmationRequest, utcnow
 from signoff.app.settings import Settings
-from signoff.app.state_machine import DECIDED_KEY, OUTBOX_KEY
 from signoff.app.waiters import Hub
 from signoff.channels import Channel, Click, ClickOutcome, InteractiveChannel
 from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
@@ -30,29 +29,6 @@ from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, Session
 __all__ = ["Reload", "Runtime"]
 
 log = logging.getLogger("signoff")
-
-
-def _session_class(hub: Hub) -> type[Session]:
-    """A session class that wakes waiters and the dispatcher once its transaction commits."""
-
-    class NotifyingSession(Session):
-        pass
-
-    @event.listens_for(NotifyingSession, "after_commit")
-    def _after_commit(session: Session) -> None:
-        decided = session.info.pop(DECIDED_KEY, None)
-        if decided:
-            hub.notify(decided)
-            session.info[YIELD_AFTER_COMMIT] = True
-        if session.info.pop(OUTBOX_KEY, False):
-            hub.outbox.set()
-
-    @event.listens_for(NotifyingSession, "after_rollback")
-    def _after_rollback(session: Session) -> None:
-        session.info.pop(DECIDED_KEY, None)
-        session.info.pop(OUTBOX_KEY, None)
-
-    return NotifyingSession
 
 
 def _registries(config: SignoffConfig) -> dict[str, HookRegistry]:
@@ -104,7 +80,12 @@ class Runtime:
     config: SignoffConfig
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    """Units of work (:func:`signoff.app.db.transaction`); their commits wake ``hub`` and
+    ``outbox_wake``."""
     hub: Hub
+    """The agents waiting on requests."""
+    outbox_wake: asyncio.Event
+    """Set once deliveries are committed, to wake the outbox dispatcher."""
     reads: async_sessionmaker[AsyncSession]
     """Sessions for reading only (on SQLite they do not queue behind writers)."""
     channels: dict[str, Channel] = field(default_factory=dict)
@@ -140,26 +121,18 @@ class Runtime:
         for warning in config.warnings():
             log.warning("%s", warning)
         engine = create_engine(settings.database_url)
-        hub = Hub()
-        sessions = async_sessionmaker(
-            engine, class_=AsyncSession, expire_on_commit=False, sync_session_class=_session_class(hub)
-        )
+        hub, outbox_wake = Hub(), asyncio.Event()
+        sessions = sessionmaker(engine, wakeups=Wakeups(decided=hub.notify, queued=outbox_wake.set))
         # PostgreSQL: reads in autocommit, as READ COMMITTED gives each statement its own
         # snapshot anyway, without the BEGIN and ROLLBACK round trips.
-        reads = async_sessionmaker(
-            engine.execution_options(isolation_level="AUTOCOMMIT"),
-            class_=AsyncSession,
-            expire_on_commit=False,
+        reads = sessionmaker(
+            create_engine(settings.database_url, readonly=True)
+            if is_sqlite(settings.database_url)
+            else engine.execution_options(isolation_level="AUTOCOMMIT")
         )
-        if is_sqlite(settings.database_url):
-            reads = async_sessionmaker(
-                create_engine(settings.database_url, readonly=True),
-                class_=AsyncSession,
-                expire_on_commit=False,
-            )
         built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
         built.update(channels or {})
-        return cls(settings, config, engine, sessions, hub, reads, built, _registries(config))
+        return cls(settings, config, engine, sessions, hub, outbox_wake, reads, built, _registries(config))
 
     async def report_replica(self) -> None:
         """Record the configuration this process runs, for the console's replica view."""

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from signoff.app.bodies import storable
 from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
-from signoff.channels import Verdict
+from signoff.channels import MAX_REASON_CHARS, Verdict
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Reload
@@ -79,7 +79,7 @@ class SwitchIn(BaseModel):
 
     on: bool
     operator: Text = Field(min_length=1, max_length=200)
-    reason: Text | None = Field(default=None, max_length=2000)
+    reason: Text | None = Field(default=None, max_length=MAX_REASON_CHARS)
 
 
 class SwitchOut(BaseModel):
@@ -265,7 +265,7 @@ class DecisionIn(BaseModel):
 
     verdict: Verdict
     operator: Text = Field(min_length=1, max_length=200)
-    reason: Text | None = Field(default=None, max_length=2000)
+    reason: Text | None = Field(default=None, max_length=MAX_REASON_CHARS)
 
 
 class AuditVerifyOut(BaseModel):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm.attributes import set_committed_value
@@ -22,7 +23,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Actor
-from signoff.app.db import core_row, dialect_of
+from signoff.app.db import dialect_of, wake_after_commit
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
 from signoff.hooks import Decision, HookResult
@@ -30,13 +31,19 @@ from signoff.hooks._gate import describe_request
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
-    "DECIDED_KEY",
+    "DECIDED_COLUMNS",
+    "EXPIRED_REASON",
+    "EXPIRY",
     "NOTIFY_CHANNEL",
-    "OUTBOX_KEY",
     "TERMINAL",
+    "decided_columns",
     "decision_for",
+    "expire",
     "expire_overdue",
     "get_request",
+    "owed_delivery",
+    "queue_deliveries",
+    "queue_updates",
     "settle",
     "transition",
 ]
@@ -50,10 +57,21 @@ ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
 }
 TERMINAL = frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if not targets)
 
-DECIDED_KEY = "signoff.decided"
 NOTIFY_CHANNEL = "signoff_decided"
 NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes)
-OUTBOX_KEY = "signoff.outbox"
+
+EXPIRY = Actor("system", "expiry")
+"""Who expires a request: its deadline."""
+EXPIRED_REASON = "no decision before the deadline"
+
+
+DECIDED_COLUMNS = ("reason", "decided_at", "decided_by_channel", "decided_by_user_id", "decided_by_name")
+"""What a transition writes besides the status: why, when and by whom (None while pending)."""
+
+
+def decided_columns(actor: Actor, reason: str | None, now: datetime) -> dict[str, Any]:
+    """The values of :data:`DECIDED_COLUMNS` for a transition by ``actor``."""
+    return dict(zip(DECIDED_COLUMNS, (reason, now, actor.channel, actor.id, actor.name), strict=True))
 
 
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
@@ -90,7 +108,7 @@ async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, no
     ``notified``: the NOTIFY was already sent (within the deciding statement)."""
     if not request_ids:
         return
-    session.sync_session.info.setdefault(DECIDED_KEY, set()).update(request_ids)
+    wake_after_commit(session, decided=request_ids)
     if not notified and _on_postgres(session):
         for i in range(0, len(request_ids), NOTIFY_BATCH):
             payload = ",".join(request_ids[i : i + NOTIFY_BATCH])
@@ -99,6 +117,30 @@ async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, no
 
 def _on_postgres(session: AsyncSession) -> bool:
     return dialect_of(session) == "postgresql"
+
+
+def owed_delivery(request_id: str, channel: str, kind: str, now: datetime) -> dict[str, Any]:
+    """The outbox row owing ``channel`` the request's card: its ``post``, or an ``update``."""
+    return {
+        "request_id": request_id,
+        "channel": channel,
+        "kind": kind,
+        "status": OutboxStatus.PENDING,
+        "attempts": 0,
+        "next_attempt_at": now,
+        "leased_until": None,
+        "last_error": None,
+        "message_ref": None,
+        "created_at": now,
+        "sent_at": None,
+    }
+
+
+async def queue_deliveries(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Write the outbox rows ``rows`` (:func:`owed_delivery`); the dispatcher wakes at commit."""
+    if rows:
+        await session.exec(_INSERT_DELIVERY, params=rows)
+        wake_after_commit(session, queued=True)
 
 
 async def queue_updates(session: AsyncSession, request_id: str) -> None:
@@ -116,14 +158,10 @@ async def queue_updates(session: AsyncSession, request_id: str) -> None:
         for ch, kind, status, leased in rows
         if kind == "update" and status == OutboxStatus.PENDING and leased is None
     }
-    owed = [
-        core_row(Delivery(request_id=request_id, channel=ch, kind="update"), skip=("id",))
-        for ch in posted
-        if ch not in queued
-    ]
-    if owed:
-        await session.exec(_INSERT_DELIVERY, params=owed)
-        session.sync_session.info[OUTBOX_KEY] = True
+    now = utcnow()  # due at once, whatever time the transition was given
+    await queue_deliveries(
+        session, [owed_delivery(request_id, ch, "update", now) for ch in posted if ch not in queued]
+    )
 
 
 @functools.cache
@@ -137,14 +175,7 @@ def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
     stmt = (
         sa.update(_REQUESTS)
         .where(r.id == sa.bindparam("request_id"), r.status.in_(_sources(target)))
-        .values(
-            status=target.value,
-            reason=sa.bindparam("new_reason"),
-            decided_at=sa.bindparam("new_decided_at"),
-            decided_by_channel=sa.bindparam("new_channel"),
-            decided_by_user_id=sa.bindparam("new_user_id"),
-            decided_by_name=sa.bindparam("new_name"),
-        )
+        .values(status=target.value, **{c: sa.bindparam(f"new_{c}") for c in DECIDED_COLUMNS})
         .returning(r.created_at)
     )
     return stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, r.id)) if notify else stmt
@@ -169,14 +200,8 @@ async def transition(
     """
     now = now or utcnow()
     postgres = _on_postgres(session)
-    params = {
-        "request_id": request_id,
-        "new_reason": reason,
-        "new_decided_at": now,
-        "new_channel": actor.channel,
-        "new_user_id": actor.id,
-        "new_name": actor.name,
-    }
+    params = {f"new_{c}": v for c, v in decided_columns(actor, reason, now).items()}
+    params["request_id"] = request_id
     stmt = _transition_statement(target, notify=postgres)
     row = (await session.exec(stmt, params=params)).first()
     if row is None:
@@ -212,14 +237,7 @@ async def expire_overdue(
                 col(ConfirmationRequest.id).in_(due.scalar_subquery()),
                 col(ConfirmationRequest.status).in_(_sources(Status.EXPIRED)),
             )
-            .values(
-                status=Status.EXPIRED.value,
-                reason="no decision before the deadline",
-                decided_at=now,
-                decided_by_channel="system",
-                decided_by_user_id="expiry",
-                decided_by_name=None,
-            )
+            .values(status=Status.EXPIRED.value, **decided_columns(EXPIRY, EXPIRED_REASON, now))
             .returning(col(ConfirmationRequest.id), col(ConfirmationRequest.created_at))
             .execution_options(synchronize_session=False)
         )
@@ -229,15 +247,17 @@ async def expire_overdue(
     expired = sorted(str(r[0]) for r in rows)
     for rid in expired:
         await audit.append(
-            session,
-            audit.Action.EXPIRED,
-            actor=Actor("system", "expiry"),
-            request_id=rid,
-            detail={"reason": "no decision before the deadline"},
+            session, audit.Action.EXPIRED, actor=EXPIRY, request_id=rid, detail={"reason": EXPIRED_REASON}
         )
         await queue_updates(session, rid)
     await _mark_decided(session, expired)
     return expired
+
+
+async def expire(session: AsyncSession, req: ConfirmationRequest, *, now: datetime) -> None:
+    """Expire the (locked) ``req``, past its deadline, and bring it up to date."""
+    won = await transition(session, req.id, Status.EXPIRED, actor=EXPIRY, reason=EXPIRED_REASON, now=now)
+    await settle(session, req, won, Status.EXPIRED, EXPIRY, EXPIRED_REASON, now)
 
 
 def decision_for(req: ConfirmationRequest) -> HookResult:
@@ -273,13 +293,5 @@ async def settle(
     if not won:
         await session.refresh(req)
         return
-    values = {
-        "status": target.value,
-        "reason": reason,
-        "decided_at": now,
-        "decided_by_channel": actor.channel,
-        "decided_by_user_id": actor.id,
-        "decided_by_name": actor.name,
-    }
-    for name, value in values.items():
+    for name, value in {"status": target.value, **decided_columns(actor, reason, now)}.items():
         set_committed_value(req, name, value)

@@ -17,12 +17,11 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
-from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row, insert_unless_taken
 from signoff.app.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
-from signoff.app.state_machine import get_request, queue_updates, settle, transition
+from signoff.app.state_machine import expire, get_request, queue_updates, settle, transition
 from signoff.channels import Verdict
 
 __all__ = ["VoteResult", "cast_vote", "refuse_vote", "votes_for"]
@@ -76,9 +75,7 @@ async def cast_vote(
     if req.status != Status.PENDING:
         return await refuse(_describe_decided(req))
     if req.expires_at <= now:
-        expiry, late = Actor("system", "expiry"), "no decision before the deadline"
-        won = await transition(session, request_id, Status.EXPIRED, actor=expiry, reason=late, now=now)
-        await settle(session, req, won, Status.EXPIRED, expiry, late, now)
+        await expire(session, req, now=now)
         return await refuse("This request has already expired.")
     gates = gates_of(req)
     requesters = (req.requester, req.user_id)

@@ -1,6 +1,7 @@
 """Wakes agents waiting on a request the moment its decision commits.
 
-In-process: the session's ``after_commit`` hook calls :meth:`Hub.notify`.
+In-process: a commit that decided requests calls :meth:`Hub.notify` (the runtime's
+sessions wake it, see :class:`signoff.app.db.Wakeups`).
 Across processes: while anyone waits, one poller per process reads the ids
 decided recently (one query, however many waiters) and wakes their waiters.
 """
@@ -22,10 +23,10 @@ RecentlyDecided = Callable[[datetime], Coroutine[Any, Any, list[tuple[str, datet
 
 
 class Hub:
+    """The agents waiting on requests in this process, by request id."""
+
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
-        self.outbox = asyncio.Event()
-        """Set when deliveries were queued, to wake the dispatcher."""
 
     @property
     def waiting(self) -> int:

@@ -1,6 +1,7 @@
 """Chat-channel adapters behind one small interface (see :mod:`signoff.channels._contract`)."""
 
 from signoff.channels._contract import (
+    MAX_REASON_CHARS,
     CallbackRejected,
     CallbackReply,
     Card,
@@ -20,6 +21,7 @@ from signoff.channels._contract import (
 )
 
 __all__ = [
+    "MAX_REASON_CHARS",
     "CallbackRejected",
     "CallbackReply",
     "Card",

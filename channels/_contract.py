@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "MAX_REASON_CHARS",
     "CallbackRejected",
     "CallbackReply",
     "Card",
@@ -33,6 +34,9 @@ __all__ = [
     "RetryableDeliveryError",
     "Verdict",
 ]
+
+MAX_REASON_CHARS = 2000
+"""The longest reason a decision may carry, wherever it is typed (a chat form, the console, the API)."""
 
 UNSTORABLE_TEXT = "text that cannot be stored (NUL or a lone surrogate)"
 """The reason a click carrying such text is refused (recorded in the audit log)."""

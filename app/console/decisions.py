@@ -10,11 +10,9 @@ from signoff.app.config import SignoffConfig
 from signoff.app.console.auth import Flash, SignedIn
 from signoff.app.console.pages import plausible_id
 from signoff.app.operators import decide
-from signoff.channels import Verdict
+from signoff.channels import MAX_REASON_CHARS, Verdict
 
-__all__ = ["MAX_REASON", "decide_from_form"]
-
-MAX_REASON = 2000
+__all__ = ["decide_from_form"]
 
 
 async def decide_from_form(
@@ -33,8 +31,8 @@ async def decide_from_form(
     reason = form.get("reason")
     # No column can hold NUL or a lone surrogate; nobody means to type one.
     text = without_unstorable(reason).strip() if isinstance(reason, str) else ""
-    if len(text) > MAX_REASON:
-        return Flash(False, f"The reason is too long (at most {MAX_REASON} characters).")
+    if len(text) > MAX_REASON_CHARS:
+        return Flash(False, f"The reason is too long (at most {MAX_REASON_CHARS} characters).")
     result = await decide(
         session,
         request_id,

@@ -22,7 +22,7 @@ from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status
 from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
-from signoff.app.state_machine import get_request
+from signoff.app.state_machine import EXPIRY, get_request
 from signoff.app.votes import votes_for
 from signoff.channels import Verdict
 
@@ -84,7 +84,7 @@ def _decided_by(req: ConfirmationRequest) -> str | None:
     if req.decided_by_channel is None:
         return None
     if req.decided_by_channel == "system":
-        return "(deadline)" if req.decided_by_user_id == "expiry" else "(system)"
+        return "(deadline)" if req.decided_by_user_id == EXPIRY.id else "(system)"
     who = req.decided_by_name or req.decided_by_user_id or "?"
     return f"{who} via {req.decided_by_channel}"
 

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from signoff.app.console import format as fmt
+from signoff.channels import MAX_REASON_CHARS
 
 __all__ = ["SECURITY_HEADERS", "STATIC_DIR", "page", "secured"]
 
@@ -45,6 +46,7 @@ _env.filters.update(
     summarize=fmt.summarize,
     duration=fmt.duration,
 )
+_env.globals["MAX_REASON_CHARS"] = MAX_REASON_CHARS
 templates = Jinja2Templates(env=_env)
 
 

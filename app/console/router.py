@@ -22,6 +22,7 @@ from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep
 from signoff.app.models import Status, utcnow
 from signoff.app.replicas import live_replicas
 from signoff.app.switches import list_switches, set_switch
+from signoff.channels import MAX_REASON_CHARS
 
 __all__ = ["router"]
 
@@ -354,7 +355,7 @@ async def flip_read_only(
 ) -> Response:
     """Turn the read-only switch on or off as the signed-in operator (audited)."""
     on = form.get("on") == "1"
-    reason = without_unstorable(str(form.get("reason") or "")).strip()[:2000] or None
+    reason = without_unstorable(str(form.get("reason") or "")).strip()[:MAX_REASON_CHARS] or None
     await set_switch(session, READ_ONLY, on=on, actor=Actor("web", who.operator, who.name), reason=reason)
     response = _see_other("/ui/config")
     auth.set_flash(response, request, Flash(True, f"Read-only mode is {'on' if on else 'off'}."))

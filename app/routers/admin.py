@@ -12,7 +12,6 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import queries, switches
 from signoff.app.audit import Actor
 from signoff.app.bodies import StrictJSONRoute
-from signoff.app.db import transaction
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.models import Status, utcnow
 from signoff.app.operators import decide
@@ -75,27 +74,25 @@ async def read_request(request_id: str, session: ReadsDep) -> AdminRequestOut:
     responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_request(
-    request_id: str, body: DecisionIn, runtime: RuntimeDep
+    request_id: str, body: DecisionIn, runtime: RuntimeDep, session: SessionDep
 ) -> AdminRequestOut | JSONResponse:
     """Approve or reject as a named operator (a vote like any other; 409 if refused)."""
-    # The vote commits (waking the agents waiting on it) before the answer's trail is read.
-    async with transaction(runtime.sessions) as session:
-        result = await decide(
-            session,
-            request_id,
-            verdict=body.verdict,
-            operator=body.operator,
-            config=runtime.config,
-            reason=body.reason,
-            via="api",
-        )
+    result = await decide(
+        session,
+        request_id,
+        verdict=body.verdict,
+        operator=body.operator,
+        config=runtime.config,
+        reason=body.reason,
+        via="api",
+    )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
     if not result.accepted:
-        # Answered, not raised: the refusal's audit event has committed.
+        # Answered, not raised: the refusal's audit event is committed with the answer.
         return JSONResponse({"detail": result.message}, status.HTTP_409_CONFLICT)
-    async with runtime.reads() as session:
-        return await _admin_view(session, request_id)
+    # The trail as this unit of work leaves it, which commits before the answer is sent.
+    return await _admin_view(session, request_id)
 
 
 @router.get("/audit", response_model=list[AuditEventOut], responses=ERRORS)

@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.channels._contract import Card, GateProgress, Person
+from signoff.channels._contract import MAX_REASON_CHARS, Card, GateProgress, Person
 
 __all__ = [
     "ACTION_APPROVE",
@@ -28,7 +28,6 @@ ACTION_REJECT = "signoff_reject"
 REJECT_MODAL_CALLBACK_ID = "signoff_reject_reason"
 REASON_BLOCK_ID = "signoff_reason"
 REASON_ACTION_ID = "reason"
-MAX_REASON_CHARS = 2000
 
 # Block Kit limits (docs.slack.dev/reference/block-kit); Slack refuses the whole
 # message with ``invalid_blocks`` when one is exceeded.

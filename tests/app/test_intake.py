@@ -119,8 +119,12 @@ async def test_a_call_the_database_refuses_fails_alone(runtime: Runtime, batches
     bad = approvals._prepare(_call(80_000, "bad"), _gate(runtime))
     bad.row["tool_name"] = None  # NOT NULL: the database refuses this one row
 
+    async def create(new: NewRequest) -> ConfirmationRequest | None:
+        async with transaction(runtime.sessions) as s:
+            return await runtime.intake.create_request(s, new)
+
     results = await asyncio.gather(
-        *(runtime.intake.write(n) for n in [good[0], bad, good[1], good[2]]), return_exceptions=True
+        *(create(n) for n in [good[0], bad, good[1], good[2]]), return_exceptions=True
     )
 
     assert [results[0], results[2], results[3]] == [None, None, None]

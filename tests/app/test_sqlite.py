@@ -1,0 +1,84 @@
+"""The SQLite serving tweaks use private parts of aiosqlite and SQLAlchemy: they run only on the
+releases they were written for, which pyproject.toml pins."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import aiosqlite
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import AsyncAdaptedQueuePool
+from sqlalchemy.util.queue import AsyncAdaptedQueue
+
+from signoff.app import sqlite
+from signoff.app.db import create_engine
+
+
+def test_the_installed_libraries_are_the_releases_the_sqlite_tweaks_were_written_for() -> None:
+    problems = sqlite.unsupported()
+    assert not problems, "\n".join(problems)
+
+
+def test_pyproject_pins_the_releases_the_sqlite_tweaks_were_written_for(repo_root: Path) -> None:
+    project = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    pins = {}
+    for requirement in project["project"]["dependencies"]:
+        name = re.split(r"[\[<>=~! ]", requirement, maxsplit=1)[0].lower()
+        pins[name] = requirement[len(name) :].split("]")[-1]
+    for name, series in sqlite.WRITTEN_FOR.items():
+        pin = pins.get(name, "")
+        assert re.fullmatch(rf"~={re.escape(series)}\.\d+", pin), (
+            f"pyproject.toml must pin {name} to the release series signoff.app.sqlite was written "
+            f"for ({name}~={series}.N), not {name}{pin or ' (unpinned)'}"
+        )
+
+
+async def test_the_private_parts_used_are_there(tmp_path: Path) -> None:
+    """What InlineSQLite and _FairQueue reach into, by name: a release that renames one fails here."""
+    conn = aiosqlite.Connection(lambda: sqlite3.connect(tmp_path / "x.db"), iter_chunk_size=64)
+    for name in ("_connection", "_running", "_thread"):
+        assert hasattr(conn, name), f"aiosqlite {version('aiosqlite')}: Connection has no {name}"
+    assert callable(aiosqlite.Connection._execute), "aiosqlite: Connection has no _execute"
+    assert isinstance(aiosqlite.Connection._conn, property), "aiosqlite: Connection has no _conn"
+    assert hasattr(AsyncAdaptedQueue(), "_queue"), f"SQLAlchemy {sa.__version__}: no AsyncAdaptedQueue._queue"
+    assert issubclass(AsyncAdaptedQueuePool._queue_class, AsyncAdaptedQueue), (
+        f"SQLAlchemy {sa.__version__}: AsyncAdaptedQueuePool no longer takes its queue from _queue_class"
+    )
+
+
+async def _write_and_read(url: str) -> tuple[bool, int]:
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("CREATE TABLE IF NOT EXISTS t (x INTEGER)"))
+            await conn.execute(sa.text("INSERT INTO t VALUES (1)"))
+        async with engine.connect() as conn:
+            inline = isinstance((await conn.get_raw_connection()).driver_connection, sqlite.InlineSQLite)
+            count = (await conn.execute(sa.text("SELECT count(*) FROM t"))).scalar_one()
+        return inline, int(count)
+    finally:
+        await engine.dispose()
+
+
+async def test_the_tweaks_serve_sqlite_on_the_releases_they_were_written_for(tmp_path: Path) -> None:
+    assert await _write_and_read(f"sqlite:///{tmp_path / 'tuned.db'}") == (True, 1)
+
+
+async def test_other_releases_serve_sqlite_the_standard_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sqlite.WRITTEN_FOR, "aiosqlite", "0.1")
+    sqlite.unsupported.cache_clear()
+    try:
+        assert await _write_and_read(f"sqlite:///{tmp_path / 'standard.db'}") == (False, 1)
+    finally:
+        monkeypatch.undo()
+        sqlite.unsupported.cache_clear()
+    assert "serving SQLite the standard way" in caplog.text
+    assert f"aiosqlite {version('aiosqlite')} is installed" in caplog.text
+    assert "written for aiosqlite 0.1.x" in caplog.text
