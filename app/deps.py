@@ -11,7 +11,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.db import transaction
-from signoff.app.keys import authenticate_cached
 from signoff.app.runtime import Runtime
 
 _bearer = HTTPBearer(auto_error=False)
@@ -54,7 +53,7 @@ def _unauthorized(detail: str) -> HTTPException:
 async def get_agent(runtime: RuntimeDep, credentials: Credentials) -> str:
     if credentials is None:
         raise _unauthorized("missing API key: send `Authorization: Bearer <agent key>`")
-    agent = await authenticate_cached(runtime.reads, runtime.settings.database_url, credentials.credentials)
+    agent = await runtime.keys.agent(credentials.credentials)
     if agent is None:
         raise _unauthorized("unknown or revoked API key; create one with `signoff keys create AGENT`")
     return agent

@@ -1,11 +1,12 @@
 """Agent API keys: shown once, stored as SHA-256 hashes.
 
-A server process remembers a key it has found live for :data:`CACHE_SECONDS`,
-so the agent API does not query the database on every call. The bound on
-revocation: a key revoked in this process (``revoke_keys``) stops working here
-at once; one revoked elsewhere (``signoff keys revoke``, another replica)
-stops working here within :data:`CACHE_SECONDS`. Unknown and revoked keys are
-never remembered: a key created a moment ago works at once.
+A server process remembers a key it has found live for :data:`CACHE_SECONDS`
+(:class:`AgentKeys`, one per :class:`~signoff.app.runtime.Runtime`), so the agent
+API does not query the database on every call. The bound on revocation: a key
+revoked anywhere (``signoff keys revoke``, another replica, this process) stops
+working within :data:`CACHE_SECONDS`, at once after :meth:`AgentKeys.forget`.
+Unknown and revoked keys are never remembered: a key created a moment ago works
+at once.
 """
 
 from __future__ import annotations
@@ -24,43 +25,11 @@ from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.models import AgentKey, utcnow
 
-__all__ = ["CACHE_SECONDS", "KeyCache", "authenticate", "authenticate_cached", "create_key", "revoke_keys"]
+__all__ = ["CACHE_SECONDS", "AgentKeys", "authenticate", "create_key", "revoke_keys"]
 
 PREFIX = "sk_signoff_"
 CACHE_SECONDS = 2.0
 """How long a live key is trusted without asking the database again (the revocation bound)."""
-
-
-class KeyCache:
-    """Live keys by (database, key hash) → (agent, when to check again); bounded in size."""
-
-    def __init__(self, seconds: float = CACHE_SECONDS, max_entries: int = 10_000) -> None:
-        self.seconds = seconds
-        self.max_entries = max_entries
-        self._entries: dict[tuple[str, str], tuple[str, float]] = {}
-
-    def get(self, scope: str, digest: str) -> str | None:
-        entry = self._entries.get((scope, digest))
-        if entry is None:
-            return None
-        if entry[1] <= time.monotonic():
-            self._entries.pop((scope, digest), None)
-            return None
-        return entry[0]
-
-    def put(self, scope: str, digest: str, agent_id: str) -> None:
-        if self.seconds <= 0:
-            return
-        if len(self._entries) >= self.max_entries:
-            # Drop the oldest entry (dicts keep insertion order).
-            self._entries.pop(next(iter(self._entries)), None)
-        self._entries[(scope, digest)] = (agent_id, time.monotonic() + self.seconds)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-
-KEYS = KeyCache()
 
 
 def _hash(token: str) -> str:
@@ -83,59 +52,82 @@ def _plausible(token: str) -> bool:
     return token.startswith(PREFIX) and len(token) <= 200
 
 
-async def _lookup(session: AsyncSession, digest: str) -> str | None:
+async def authenticate(session: AsyncSession, token: str) -> str | None:
+    """The agent a live key belongs to, or None (always asks the database)."""
+    if not _plausible(token):
+        return None
     return (
         await session.exec(
             select(AgentKey.agent_id).where(
-                col(AgentKey.key_hash) == digest, col(AgentKey.revoked_at).is_(None)
+                col(AgentKey.key_hash) == _hash(token), col(AgentKey.revoked_at).is_(None)
             )
         )
     ).first()
 
 
-async def authenticate(session: AsyncSession, token: str) -> str | None:
-    """The agent a live key belongs to, or None (always asks the database)."""
-    if not _plausible(token):
-        return None
-    return await _lookup(session, _hash(token))
+class AgentKeys:
+    """The live keys one server process remembers: key hash → (agent, when to ask again).
 
+    Bounded in size; the look-ups behind it run in sessions from ``sessions``.
+    """
 
-async def authenticate_cached(
-    sessions: async_sessionmaker[AsyncSession], scope: str, token: str, *, cache: KeyCache = KEYS
-) -> str | None:
-    """:func:`authenticate` through the process's cache of live keys; ``scope`` names the database."""
-    if not _plausible(token):
-        return None
-    digest = _hash(token)
-    agent = cache.get(scope, digest)
-    if agent is not None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        seconds: float = CACHE_SECONDS,
+        max_entries: int = 10_000,
+    ) -> None:
+        self.sessions = sessions
+        self.seconds = seconds
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[str, float]] = {}
+        self._lookups: dict[str, asyncio.Future[str | None]] = {}
+        """Look-ups in flight, by key hash."""
+
+    async def agent(self, token: str) -> str | None:
+        """The agent a live key belongs to, or None: :func:`authenticate` through the cache."""
+        if not _plausible(token):
+            return None
+        digest = _hash(token)
+        entry = self._entries.get(digest)
+        if entry is not None:
+            if entry[1] > time.monotonic():
+                return entry[0]
+            del self._entries[digest]
+        # One look-up per key at a time: the calls that miss together (thousands of agents'
+        # long-polls when an entry expires) share it instead of each taking a connection.
+        if (pending := self._lookups.get(digest)) is not None:
+            return await asyncio.shield(pending)
+        shared: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._lookups[digest] = shared
+        try:
+            async with self.sessions() as session:
+                agent = await authenticate(session, token)
+            if agent is not None:
+                self._remember(digest, agent)
+            shared.set_result(agent)
+        except Exception as exc:
+            shared.set_exception(exc)
+            shared.exception()  # retrieved here: nobody else may be waiting
+            raise
+        finally:
+            self._lookups.pop(digest, None)
+            if not shared.done():  # the look-up itself was cancelled
+                shared.cancel()
         return agent
-    # One look-up per key at a time: the calls that miss together (thousands of agents'
-    # long-polls when an entry expires) share it instead of each taking a connection.
-    key = (scope, digest)
-    if (pending := _LOOKUPS.get(key)) is not None:
-        return await asyncio.shield(pending)
-    shared: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-    _LOOKUPS[key] = shared
-    try:
-        async with sessions() as session:
-            agent = await _lookup(session, digest)
-        if agent is not None:
-            cache.put(scope, digest, agent)
-        shared.set_result(agent)
-    except Exception as exc:
-        shared.set_exception(exc)
-        shared.exception()  # retrieved here: nobody else may be waiting
-        raise
-    finally:
-        _LOOKUPS.pop(key, None)
-        if not shared.done():  # the look-up itself was cancelled
-            shared.cancel()
-    return agent
 
+    def _remember(self, digest: str, agent: str) -> None:
+        if self.seconds <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            # Drop the oldest entry (dicts keep insertion order).
+            self._entries.pop(next(iter(self._entries)), None)
+        self._entries[digest] = (agent, time.monotonic() + self.seconds)
 
-_LOOKUPS: dict[tuple[str, str], asyncio.Future[str | None]] = {}
-"""Key look-ups in flight, by (database, key hash)."""
+    def forget(self) -> None:
+        """Trust no remembered key: the next call of each asks the database."""
+        self._entries.clear()
 
 
 async def revoke_keys(
@@ -158,9 +150,4 @@ async def revoke_keys(
         await audit.append(
             session, audit.Action.KEY_REVOKED, actor=actor, detail={"agent_id": agent, "key_id": kid}
         )
-    if rows:
-        # Revoked in this process: stop trusting remembered keys now, and again once the
-        # revocation commits (a lookup in between could have remembered the key anew).
-        KEYS.clear()
-        sa.event.listen(session.sync_session, "after_commit", lambda _s: KEYS.clear(), once=True)
     return [str(r[0]) for r in rows]

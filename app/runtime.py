@@ -20,6 +20,7 @@ from signoff.app.clicks import ClickService
 from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import Wakeups, create_engine, is_sqlite, sessionmaker, transaction
 from signoff.app.intake import Intake
+from signoff.app.keys import AgentKeys
 from signoff.app.models import ConfirmationRequest, utcnow
 from signoff.app.settings import Settings
 from signoff.app.waiters import Hub
@@ -94,6 +95,8 @@ class Runtime:
     """Writes new requests, several calls per transaction when they arrive together."""
     clicks: ClickService = field(init=False)
     """Applies clicks from every channel under the current configuration."""
+    keys: AgentKeys = field(init=False)
+    """The agent keys this process has found live, remembered for a moment."""
     version: str = ""
     """The loaded configuration's :func:`config_version`."""
     loaded_at: datetime = field(default_factory=utcnow)
@@ -105,6 +108,7 @@ class Runtime:
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions)
         self.clicks = self._click_service()
+        self.keys = AgentKeys(self.reads)
         self.version = self.version or self.config.version
         metrics.CONFIG_INFO.clear()
         metrics.CONFIG_INFO.labels(self.version).set(1)

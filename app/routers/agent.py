@@ -21,7 +21,6 @@ from signoff.app.db import transaction
 from signoff.app.deps import AgentDep, RuntimeDep, SessionDep
 from signoff.app.eligibility import gates_of
 from signoff.app.hook_services import ServerHookServices
-from signoff.app.keys import authenticate_cached
 from signoff.app.metrics import GATE_CALLS
 from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.runtime import Runtime
@@ -151,7 +150,7 @@ class PreToolUseFastPath:
             return
         runtime: Runtime = scope["app"].state.runtime
         try:
-            agent = await authenticate_cached(runtime.reads, runtime.settings.database_url, token)
+            agent = await runtime.keys.agent(token)
         except Exception as exc:
             await (await _handled(scope, exc))(scope, receive, send)
             return

@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from signoff.app.audit import Actor
 from signoff.app.config import parse_config
 from signoff.app.db import migrate, transaction
-from signoff.app.keys import KEYS, create_key, revoke_keys
+from signoff.app.keys import create_key, revoke_keys
 from signoff.app.operators import decide
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
@@ -317,14 +317,14 @@ def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Breaka
 
 
 async def test_an_unreachable_database_is_a_503_to_retry_on_every_agent_endpoint(
-    breakable: Breakable, monkeypatch: pytest.MonkeyPatch
+    breakable: Breakable,
 ) -> None:
-    # Keys stay trusted from the cache meanwhile, so the calls reach the hooks.
-    monkeypatch.setattr(KEYS, "seconds", 600.0)
     raw = copy.deepcopy(DEFAULT_CONFIG)
     raw["agents"]["finance-bot"]["hooks"].append({"type": "audit_log", "tools": ["pay_*"]})
     settings = Settings(database_url=breakable.url, admin_token=ADMIN_TOKEN)  # type: ignore[arg-type]
     runtime = Runtime.create(settings, parse_config(raw), channels={"chat": FakeChannel("chat")})
+    # Keys stay trusted from the cache meanwhile, so the calls reach the hooks.
+    runtime.keys.seconds = 600.0
     try:
         async with transaction(runtime.sessions) as s:
             _, key = await create_key(s, "finance-bot", actor=Actor("test"))
