@@ -27,7 +27,9 @@ Text = Annotated[str, AfterValidator(_storable)]
 """A string stored in a text column (no NUL, no lone surrogate: see signoff.app.bodies)."""
 
 
-class PreToolUseIn(BaseModel):
+class ToolCallIn(BaseModel):
+    """One tool call as the agent reports it, before (pre-tool-use) or after (post-tool-use) it runs."""
+
     model_config = ConfigDict(extra="ignore")
 
     tool_name: str = Field(min_length=1, max_length=500)
@@ -36,20 +38,15 @@ class PreToolUseIn(BaseModel):
     tool_call_id: str | None = Field(default=None, max_length=200)
     user_id: str | None = Field(default=None, max_length=200)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class PreToolUseIn(ToolCallIn):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=500)
 
 
-class PostToolUseIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    tool_name: str = Field(min_length=1, max_length=500)
-    arguments: dict[str, Any] = Field(default_factory=dict)
+class PostToolUseIn(ToolCallIn):
     result: Any = None
     error: str | None = Field(default=None, max_length=10_000)
-    session_id: str | None = Field(default=None, max_length=200)
-    tool_call_id: str | None = Field(default=None, max_length=200)
-    user_id: str | None = Field(default=None, max_length=200)
-    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class PostToolUseOut(BaseModel):

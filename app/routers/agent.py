@@ -6,8 +6,9 @@ import asyncio
 import functools
 import inspect
 import json
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from prometheus_client import Counter
@@ -33,11 +34,12 @@ from signoff.app.schemas import (
     RequestOut,
     SessionStartIn,
     SessionStartOut,
+    ToolCallIn,
     Unprocessable,
 )
 from signoff.app.state_machine import TERMINAL, get_request, transition
 from signoff.app.votes import votes_for
-from signoff.hooks import Decision, HookContext
+from signoff.hooks import Decision, HookContext, HookRegistry, HookResult
 
 router = APIRouter(prefix="/v1", tags=["agent"], route_class=StrictJSONRoute)
 
@@ -75,7 +77,7 @@ def _within_limits(raw: bytes, max_depth: int, max_bytes: int) -> bool:
     return 6 * len(raw) <= max_bytes and raw.count(b"{") + raw.count(b"[") <= max_depth
 
 
-def _check_limits(runtime: Runtime, body: PreToolUseIn | PostToolUseIn, raw: bytes | None = None) -> None:
+def _check_limits(runtime: Runtime, body: ToolCallIn, raw: bytes | None = None) -> None:
     # Text that cannot be stored and repeated keys were refused as the body was read
     # (signoff.app.bodies, on the fast path and the route alike).
     s = runtime.settings
@@ -206,29 +208,11 @@ async def _pre_tool_use(
     body: PreToolUseIn, agent: str, runtime: Runtime, session: AsyncSession, *, raw: bytes | None = None
 ) -> DecisionOut:
     _check_limits(runtime, body, raw)
-    registry = runtime.registries.get(agent)
-    if registry is None:
+    ran = await _run_hooks("pre_tool_use", agent, body, runtime, session)
+    if ran is None:
         return DecisionOut(decision="deny", reason=_not_configured(agent))
-    services = ServerHookServices(session, runtime, agent)
-    ctx = HookContext(
-        agent_id=agent,
-        tool_name=body.tool_name,
-        arguments=body.arguments,
-        user_id=body.user_id,
-        session_id=body.session_id,
-        tool_call_id=body.tool_call_id,
-        idempotency_key=body.idempotency_key,
-        metadata=body.metadata,
-        services=services,
-    )
-    result = await registry.run_pre_tool_use(ctx)
-    if (late := await services.settle()) is not None:
-        # The gate timed out while its request was being written, and the write went through:
-        # the request is the answer (see ServerHookServices.request_approval).
-        result = replace(late, modified_arguments=result.modified_arguments)
+    result, services = ran
     made = services.approvals.request
-    gate_name = gates_of(made)[0].name if made is not None else ""
-    _gate_calls("pre_tool_use", agent, gate_name, result.decision.value).inc()
     request = None
     if made is not None and result.request_id == made.id:
         # A request made by this call has no votes yet.
@@ -243,41 +227,19 @@ async def _pre_tool_use(
     )
 
 
-@functools.cache
-def _gate_calls(point: str, agent: str, gate: str, decision: str) -> Counter:
-    """The counter for one label set, looked up once (agents and gates come from the config)."""
-    return GATE_CALLS.labels(point, agent, gate, decision)
-
-
-def _not_configured(agent: str) -> str:
-    return f"agent {agent!r} is not configured under `agents` in the Signoff configuration"
-
-
 @router.post("/hooks/post-tool-use", response_model=PostToolUseOut, responses=ERRORS)
 async def run_post_tool_use(
     body: PostToolUseIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
 ) -> PostToolUseOut:
     """Run the agent's PostToolUse hooks: audit the call, rewrite (truncate) its result."""
     _check_limits(runtime, body)
-    registry = runtime.registries.get(agent)
-    if registry is None:
+    ran = await _run_hooks("post_tool_use", agent, body, runtime, session)
+    if ran is None:
         return PostToolUseOut(decision="deny", reason=_not_configured(agent))
-    ctx = HookContext(
-        agent_id=agent,
-        tool_name=body.tool_name,
-        arguments=body.arguments,
-        user_id=body.user_id,
-        session_id=body.session_id,
-        tool_call_id=body.tool_call_id,
-        metadata={**body.metadata, **({"error": body.error} if body.error else {})},
-        result=body.result,
-        services=ServerHookServices(session, runtime, agent),
-    )
-    result = await registry.run_post_tool_use(ctx)
-    _gate_calls("post_tool_use", agent, "", result.decision.value).inc()
+    result, _ = ran
     modified = result.modified_result is not None
     return PostToolUseOut(
-        decision="deny" if result.decision is Decision.DENY else "allow",
+        decision=_allow_or_deny(result),
         reason=result.reason,
         modified=modified,
         result=result.modified_result if modified else body.result,
@@ -289,23 +251,76 @@ async def run_session_start(
     body: SessionStartIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
 ) -> SessionStartOut:
     """Run the agent's SessionStart hooks: the context they add."""
+    ran = await _run_hooks("session_start", agent, body, runtime, session)
+    if ran is None:
+        return SessionStartOut(decision="deny", reason=_not_configured(agent))
+    result, _ = ran
+    return SessionStartOut(
+        decision=_allow_or_deny(result), reason=result.reason, additional_context=result.additional_context
+    )
+
+
+Point = Literal["pre_tool_use", "post_tool_use", "session_start"]
+
+_RUN: dict[Point, Callable[[HookRegistry, HookContext], Coroutine[Any, Any, HookResult]]] = {
+    "pre_tool_use": HookRegistry.run_pre_tool_use,
+    "post_tool_use": HookRegistry.run_post_tool_use,
+    "session_start": HookRegistry.run_session_start,
+}
+
+
+async def _run_hooks(
+    point: Point, agent: str, body: ToolCallIn | SessionStartIn, runtime: Runtime, session: AsyncSession
+) -> tuple[HookResult, ServerHookServices] | None:
+    """Run the agent's hooks at ``point`` and count the answer; None for an agent the
+    configuration does not name."""
     registry = runtime.registries.get(agent)
     if registry is None:
-        return SessionStartOut(decision="deny", reason=_not_configured(agent))
-    ctx = HookContext(
+        return None
+    services = ServerHookServices(session, runtime, agent)
+    result = await _RUN[point](registry, _context(agent, body, services))
+    if (late := await services.settle()) is not None:
+        # The gate timed out while its request was being written, and the write went through:
+        # the request is the answer (see ServerHookServices.request_approval).
+        result = replace(late, modified_arguments=result.modified_arguments)
+    made = services.approvals.request
+    gate_name = gates_of(made)[0].name if made is not None else ""
+    _gate_calls(point, agent, gate_name, result.decision.value).inc()
+    return result, services
+
+
+def _context(agent: str, body: ToolCallIn | SessionStartIn, services: ServerHookServices) -> HookContext:
+    """What the hooks see of the call (or of the session start) the agent reported."""
+    call = body if isinstance(body, ToolCallIn) else None
+    metadata = body.metadata
+    if isinstance(body, PostToolUseIn) and body.error:
+        metadata = {**metadata, "error": body.error}
+    return HookContext(
         agent_id=agent,
+        tool_name=call.tool_name if call else "",
+        arguments=call.arguments if call else {},
         user_id=body.user_id,
         session_id=body.session_id,
-        metadata=body.metadata,
-        services=ServerHookServices(session, runtime, agent),
+        tool_call_id=call.tool_call_id if call else None,
+        idempotency_key=body.idempotency_key if isinstance(body, PreToolUseIn) else None,
+        metadata=metadata,
+        result=body.result if isinstance(body, PostToolUseIn) else None,
+        services=services,
     )
-    result = await registry.run_session_start(ctx)
-    _gate_calls("session_start", agent, "", result.decision.value).inc()
-    return SessionStartOut(
-        decision="deny" if result.decision is Decision.DENY else "allow",
-        reason=result.reason,
-        additional_context=result.additional_context,
-    )
+
+
+def _allow_or_deny(result: HookResult) -> Literal["allow", "deny"]:
+    return "deny" if result.decision is Decision.DENY else "allow"
+
+
+@functools.cache
+def _gate_calls(point: str, agent: str, gate: str, decision: str) -> Counter:
+    """The counter for one label set, looked up once (agents and gates come from the config)."""
+    return GATE_CALLS.labels(point, agent, gate, decision)
+
+
+def _not_configured(agent: str) -> str:
+    return f"agent {agent!r} is not configured under `agents` in the Signoff configuration"
 
 
 def _no_such_request(agent: str, request_id: str) -> HTTPException:
