@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.db import transaction
@@ -50,13 +51,24 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-async def get_agent(runtime: RuntimeDep, credentials: Credentials) -> str:
-    if credentials is None:
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, read as FastAPI's ``HTTPBearer`` reads it."""
+    scheme, token = get_authorization_scheme_param(authorization)
+    return token if token and scheme.lower() == "bearer" else None
+
+
+async def agent_for(runtime: Runtime, token: str | None) -> str:
+    """The agent whose live key ``token`` is; 401 for none, an unknown or a revoked key."""
+    if token is None:
         raise _unauthorized("missing API key: send `Authorization: Bearer <agent key>`")
-    agent = await runtime.keys.agent(credentials.credentials)
+    agent = await runtime.keys.agent(token)
     if agent is None:
         raise _unauthorized("unknown or revoked API key; create one with `signoff keys create AGENT`")
     return agent
+
+
+async def get_agent(runtime: RuntimeDep, credentials: Credentials) -> str:
+    return await agent_for(runtime, credentials.credentials if credentials is not None else None)
 
 
 AgentDep = Annotated[str, Depends(get_agent)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
@@ -79,7 +80,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge(self.limit)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -95,18 +96,22 @@ class BodyLimit:
                 await self._too_large(send)
 
     async def _too_large(self, send: Send) -> None:
-        await _answer(send, 413, f'{{"detail":"request body is larger than {self.limit} bytes"}}'.encode())
+        detail = {"detail": _TooLarge(self.limit).detail}
+        await _answer(send, 413, json.dumps(detail, separators=(",", ":")).encode())
 
 
 async def _answer(send: Send, status: int, body: bytes) -> None:
-    start: Message = {"type": "http.response.start", "status": status}
-    start["headers"] = [(b"content-type", b"application/json")]
-    await send(start)
+    headers = [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised as a body being read passes the limit. An HTTPException, so that FastAPI's
+    routes let it through as they read the body, and the app's handler answers it 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body is larger than {limit} bytes")
 
 
 async def sweep(runtime: Runtime) -> None:
@@ -246,7 +251,8 @@ def create_app(
     for kind in (*UNAVAILABLE, ServiceUnavailable):
         app.add_exception_handler(kind, database_unavailable)
 
+    # Innermost first: the gate's hot path is answered within the body limit and the request id.
+    app.add_middleware(agent.PreToolUseFirst)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(agent.PreToolUseFastPath, limit=settings.max_body_bytes)
     app.add_middleware(RequestId)
     return app

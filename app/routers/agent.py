@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import email.message
 import functools
 import inspect
 import json
@@ -11,15 +12,25 @@ from dataclasses import replace
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import Counter
 from pydantic import ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from signoff.app.audit import Actor
 from signoff.app.bodies import Refused, StrictJSONRoute, parse_json, storable
 from signoff.app.db import transaction
-from signoff.app.deps import AgentDep, RuntimeDep, SessionDep
+from signoff.app.deps import (
+    AgentDep,
+    RuntimeDep,
+    SessionDep,
+    agent_for,
+    bearer_token,
+    get_agent,
+    get_runtime,
+    get_session,
+)
 from signoff.app.eligibility import gates_of
 from signoff.app.hook_services import ServerHookServices
 from signoff.app.metrics import GATE_CALLS
@@ -79,7 +90,7 @@ def _within_limits(raw: bytes, max_depth: int, max_bytes: int) -> bool:
 
 def _check_limits(runtime: Runtime, body: ToolCallIn, raw: bytes | None = None) -> None:
     # Text that cannot be stored and repeated keys were refused as the body was read
-    # (signoff.app.bodies, on the fast path and the route alike).
+    # (signoff.app.bodies).
     s = runtime.settings
     if raw is not None and _within_limits(raw, s.max_argument_depth, s.max_argument_bytes):
         return
@@ -94,104 +105,46 @@ def _check_limits(runtime: Runtime, body: ToolCallIn, raw: bytes | None = None) 
             )
 
 
-@router.post("/hooks/pre-tool-use", response_model=DecisionOut, responses=ERRORS)
-async def run_pre_tool_use(
-    body: PreToolUseIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
-) -> DecisionOut:
-    """Run the agent's PreToolUse hooks: allow, deny, or a pending request for a human."""
-    return await _pre_tool_use(body, agent, runtime, session)
-
-
 PRE_TOOL_USE = "/v1/hooks/pre-tool-use"
 
 
-class PreToolUseFastPath:
-    """ASGI middleware that answers the common case of ``run_pre_tool_use`` — every gated
-    tool call of every agent — ahead of FastAPI's routing and dependency solving.
+class PreToolUseRoute(StrictJSONRoute):
+    """``POST /v1/hooks/pre-tool-use``, answered by :func:`answer_pre_tool_use`: it resolves
+    the endpoint's parameters itself, skipping FastAPI's generic dependency solving and
+    response validation. The endpoint's signature documents the operation."""
 
-    The common case: a JSON body of a declared length within ``limit``, a live key, and a
-    body that validates. The hooks run in a transaction that commits before the answer,
-    which is serialised as the response model would be; errors are answered by the app's
-    own exception handlers. Anything else goes on to the standard route (with the body,
-    if it was read), which gives the standard answers and errors.
-    """
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        # answer_pre_tool_use gives the endpoint exactly these: refuse one it would skip.
+        if self.dependencies or [d.call for d in self.dependant.dependencies] != [
+            get_agent,
+            get_runtime,
+            get_session,
+        ]:
+            raise TypeError(f"{path} is answered by answer_pre_tool_use: resolve new parameters there")
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        return answer_pre_tool_use
+
+
+class PreToolUseFirst:
+    """ASGI middleware: ``POST /v1/hooks/pre-tool-use`` — every tool call of every agent —
+    answered by :func:`answer_pre_tool_use` ahead of the router's search and FastAPI's
+    per-route scaffolding, its errors by the app's exception handlers, as they would be
+    behind the router."""
+
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["path"] != PRE_TOOL_USE
-            or scope["method"] != "POST"
-            or scope["query_string"]
-        ):
+        if scope["type"] != "http" or scope["path"] != PRE_TOOL_USE or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        content_type = authorization = length = b""
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                content_type = value
-            elif name == b"authorization":
-                authorization = value
-            elif name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                length = b""
-                break
-        scheme, _, token = authorization.decode("latin-1").partition(" ")
-        if (
-            content_type.partition(b";")[0].strip().lower() != b"application/json"
-            or not length.isdigit()
-            or int(length) > self.limit
-            or scheme.lower() != "bearer"
-            or not token
-        ):
-            await self.app(scope, receive, send)
-            return
-        runtime: Runtime = scope["app"].state.runtime
         try:
-            agent = await runtime.keys.agent(token)
-        except Exception as exc:
-            await (await _handled(scope, exc))(scope, receive, send)
-            return
-        if agent is None:
-            await self.app(scope, receive, send)
-            return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the agent hung up
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        raw = b"".join(chunks)
-        try:
-            body = PreToolUseIn.model_validate(parse_json(raw))
-        except (Refused, ValidationError):
-            # The route reads the body by the same rule and gives the standard 422.
-            await self.app(scope, _replay(raw, receive), send)
-            return
-        try:
-            # The same transaction rule as SessionDep: commit before answering, roll back on any error.
-            async with transaction(runtime.sessions) as session:
-                out = await _pre_tool_use(body, agent, runtime, session, raw=raw)
-            response: Response = Response(out.model_dump_json(), media_type="application/json")
+            response = await answer_pre_tool_use(Request(scope, receive))
         except Exception as exc:
             response = await _handled(scope, exc)
         await response(scope, receive, send)
-
-
-def _replay(raw: bytes, receive: Receive) -> Receive:
-    """``receive`` for the standard route, starting with the body already read."""
-    pending = [{"type": "http.request", "body": raw, "more_body": False}]
-
-    async def replay() -> Message:
-        return pending.pop() if pending else await receive()
-
-    return replay
 
 
 async def _handled(scope: Scope, exc: Exception) -> Response:
@@ -204,10 +157,84 @@ async def _handled(scope: Scope, exc: Exception) -> Response:
     raise exc
 
 
-async def _pre_tool_use(
-    body: PreToolUseIn, agent: str, runtime: Runtime, session: AsyncSession, *, raw: bytes | None = None
-) -> DecisionOut:
+async def answer_pre_tool_use(request: Request) -> Response:
+    """Resolve :func:`run_pre_tool_use`'s parameters as FastAPI would, run it, answer.
+
+    In FastAPI's order: the body is read and parsed (a body that is not JSON is a 422
+    before the key is looked at), then the key is checked (401), then the body is
+    validated (422, FastAPI's own error list), then the hooks run in a transaction that
+    commits before the answer. Errors are answered by the app's exception handlers.
+    """
+    raw = await _body(request.receive)
+    content_type = authorization = None
+    for name, value in request.scope["headers"]:  # the first of each, as Starlette reads them
+        if name == b"content-type" and content_type is None:
+            content_type = value.decode("latin-1")
+        elif name == b"authorization" and authorization is None:
+            authorization = value.decode("latin-1")
+    value = _body_value(raw, content_type)
+    runtime = await get_runtime(request)
+    agent = await agent_for(runtime, bearer_token(authorization))  # as AgentDep
+    body = _validated(value)
     _check_limits(runtime, body, raw)
+    async with transaction(runtime.sessions) as session:  # as SessionDep
+        out = await run_pre_tool_use(body, agent, runtime, session)
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the agent hung up: FastAPI's answer
+            raise HTTPException(400, "There was an error parsing the body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+_EMPTY = object()
+
+
+def _body_value(raw: bytes, content_type: str | None) -> Any:
+    """The body as FastAPI hands it to validation: parsed by :func:`parse_json` when it is
+    JSON (a 422 when that refuses it), its text when it is of another type."""
+    if not raw:
+        return _EMPTY
+    if content_type == "application/json" or (content_type is not None and _is_json(content_type)):
+        try:
+            return parse_json(raw)
+        except Refused as exc:
+            raise HTTPException(422, str(exc)) from None
+    return raw.decode(errors="replace")
+
+
+def _validated(value: Any) -> PreToolUseIn:
+    """The body as the endpoint takes it, or FastAPI's 422 (its list of errors)."""
+    if value is _EMPTY:
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+        )
+    try:
+        return PreToolUseIn.model_validate(value, from_attributes=True)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors, body=value) from None
+
+
+def _is_json(content_type: str) -> bool:
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+async def run_pre_tool_use(
+    body: PreToolUseIn, agent: AgentDep, runtime: RuntimeDep, session: SessionDep
+) -> DecisionOut:
+    """Run the agent's PreToolUse hooks: allow, deny, or a pending request for a human."""
     ran = await _run_hooks("pre_tool_use", agent, body, runtime, session)
     if ran is None:
         return DecisionOut(decision="deny", reason=_not_configured(agent))
@@ -225,6 +252,16 @@ async def _pre_tool_use(
         request=request,
         modified_arguments=dict(result.modified_arguments) if result.modified_arguments is not None else None,
     )
+
+
+router.add_api_route(
+    PRE_TOOL_USE.removeprefix(router.prefix),
+    run_pre_tool_use,
+    methods=["POST"],
+    response_model=DecisionOut,
+    responses=ERRORS,
+    route_class_override=PreToolUseRoute,
+)
 
 
 @router.post("/hooks/post-tool-use", response_model=PostToolUseOut, responses=ERRORS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from signoff.app.settings import Settings
 from signoff.channels import Verdict
 from signoff.channels.fake import FakeChannel
 from signoff.hooks.client import AsyncGateClient
+from tests.app.test_pre_tool_use import answer, post_both_ways
 from tests.conftest import (
     ADMIN_TOKEN,
     DEFAULT_CONFIG,
@@ -348,6 +350,12 @@ async def test_an_unreachable_database_is_a_503_to_retry_on_every_agent_endpoint
             # Unknown keys cannot be checked either: retry, not 401.
             stranger = await http.post("/v1/hooks/pre-tool-use", json=payment, headers=auth("sk_signoff_a_b"))
             assert stranger.status_code == 503
+            # The same answers, byte for byte, to a body sent chunked.
+            for token in (key, "sk_signoff_a_b"):
+                headers = {**auth(token), "content-type": "application/json", "x-request-id": "down"}
+                declared, streamed = await post_both_ways(http, json.dumps(payment).encode(), headers)
+                assert declared.status_code == 503
+                assert answer(declared) == answer(streamed)
 
             # The client keeps trying within its deadline, and gets through once the database is back.
             async with AsyncGateClient(

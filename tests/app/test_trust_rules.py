@@ -71,11 +71,11 @@ async def _chunked(body: bytes) -> AsyncIterator[bytes]:
 
 
 async def send(
-    http: httpx.AsyncClient, key: str, body: bytes, *, route: bool, path: str = PRE
+    http: httpx.AsyncClient, key: str, body: bytes, *, chunked: bool, path: str = PRE
 ) -> httpx.Response:
-    """POST ``body`` as is: by the fast path (a declared length), or, chunked, by the route."""
+    """POST ``body`` as is, with a declared length or chunked."""
     headers = {**auth(key), "content-type": "application/json"}
-    return await http.post(path, content=_chunked(body) if route else body, headers=headers)
+    return await http.post(path, content=_chunked(body) if chunked else body, headers=headers)
 
 
 async def nothing_written(http: httpx.AsyncClient, audit_before: int) -> None:
@@ -92,13 +92,13 @@ REPEATED_KEYS = [
 ]
 
 
-@pytest.mark.parametrize("route", [False, True], ids=["fast-path", "route"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["declared-length", "chunked"])
 async def test_a_body_with_repeated_keys_is_refused(
-    http: httpx.AsyncClient, agent_key: str, route: bool
+    http: httpx.AsyncClient, agent_key: str, chunked: bool
 ) -> None:
     before = len((await http.get("/v1/admin/audit", headers=ADMIN)).json())
     for body in REPEATED_KEYS:
-        r = await send(http, agent_key, body, route=route)
+        r = await send(http, agent_key, body, chunked=chunked)
         assert r.status_code == 422, (body, r.text)
         assert "repeats the key" in r.text
     await nothing_written(http, before)
@@ -106,7 +106,7 @@ async def test_a_body_with_repeated_keys_is_refused(
     fine = (
         b'{"tool_name": "pay_invoice", "arguments": {"amount": 90000, "lines": [{"sku": "a"}, {"sku": "b"}]}}'
     )
-    assert (await send(http, agent_key, fine, route=route)).json()["decision"] == "pending"
+    assert (await send(http, agent_key, fine, chunked=chunked)).json()["decision"] == "pending"
 
 
 UNSTORABLE = [
@@ -127,26 +127,28 @@ UNSTORABLE = [
 ]
 
 
-@pytest.mark.parametrize("route", [False, True], ids=["fast-path", "route"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["declared-length", "chunked"])
 async def test_text_that_cannot_be_stored_is_refused_before_anything_is_written(
-    http: httpx.AsyncClient, agent_key: str, fake_channel: FakeChannel, route: bool
+    http: httpx.AsyncClient, agent_key: str, fake_channel: FakeChannel, chunked: bool
 ) -> None:
     before = len((await http.get("/v1/admin/audit", headers=ADMIN)).json())
     for body, where in UNSTORABLE:
-        r = await send(http, agent_key, body, route=route)
+        r = await send(http, agent_key, body, chunked=chunked)
         assert r.status_code == 422, (body, r.text)
         assert where in r.json()["detail"], r.text
     post = b'{"tool_name": "x", "arguments": {}, "result": {"out": "\\ud800"}}'
-    assert (await send(http, agent_key, post, route=route, path="/v1/hooks/post-tool-use")).status_code == 422
+    assert (
+        await send(http, agent_key, post, chunked=chunked, path="/v1/hooks/post-tool-use")
+    ).status_code == 422
     start = b'{"session_id": "s", "metadata": {"m": "\\ud800"}}'
     assert (
-        await send(http, agent_key, start, route=route, path="/v1/hooks/session-start")
+        await send(http, agent_key, start, chunked=chunked, path="/v1/hooks/session-start")
     ).status_code == 422
     await nothing_written(http, before)
     assert fake_channel.posts == []
     # Surrogate pairs are ordinary text (an emoji).
     fine = b'{"tool_name": "pay_invoice", "arguments": {"amount": 90000, "memo": "\\ud83d\\ude00"}}'
-    r = await send(http, agent_key, fine, route=route)
+    r = await send(http, agent_key, fine, chunked=chunked)
     assert r.json()["request"]["arguments"]["memo"] == "\U0001f600"
 
 
