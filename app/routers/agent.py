@@ -21,9 +21,11 @@ from signoff.app.db import transaction
 from signoff.app.deps import AgentDep, RuntimeDep, SessionDep
 from signoff.app.eligibility import gates_of
 from signoff.app.hook_services import ServerHookServices
+from signoff.app.intake import Approvals
 from signoff.app.keys import authenticate_cached
 from signoff.app.metrics import GATE_CALLS
 from signoff.app.models import ConfirmationRequest, Status
+from signoff.app.queries import request_out
 from signoff.app.runtime import Runtime
 from signoff.app.schemas import (
     DecisionOut,
@@ -36,6 +38,7 @@ from signoff.app.schemas import (
     SessionStartOut,
     Unprocessable,
 )
+from signoff.app.single_use import record_executed
 from signoff.app.state_machine import TERMINAL, get_request, transition
 from signoff.app.votes import votes_for
 from signoff.hooks import Decision, HookContext
@@ -227,6 +230,7 @@ async def _pre_tool_use(
         # The gate timed out while its request was being written, and the write went through:
         # the request is the answer (see ServerHookServices.request_approval).
         result = replace(late, modified_arguments=result.modified_arguments)
+    result = await services.conclude(ctx, result)
     made = services.approvals.request
     gate_name = gates_of(made)[0].name if made is not None else ""
     _gate_calls("pre_tool_use", agent, gate_name, result.decision.value).inc()
@@ -241,6 +245,7 @@ async def _pre_tool_use(
         request_id=result.request_id,
         request=request,
         modified_arguments=dict(result.modified_arguments) if result.modified_arguments is not None else None,
+        grant_id=services.grant_id if result.decision is Decision.ALLOW else None,
     )
 
 
@@ -263,6 +268,7 @@ async def run_post_tool_use(
     registry = runtime.registries.get(agent)
     if registry is None:
         return PostToolUseOut(decision="deny", reason=_not_configured(agent))
+    services = ServerHookServices(session, runtime, agent)
     ctx = HookContext(
         agent_id=agent,
         tool_name=body.tool_name,
@@ -270,9 +276,20 @@ async def run_post_tool_use(
         user_id=body.user_id,
         session_id=body.session_id,
         tool_call_id=body.tool_call_id,
+        idempotency_key=body.idempotency_key,
         metadata={**body.metadata, **({"error": body.error} if body.error else {})},
         result=body.result,
-        services=ServerHookServices(session, runtime, agent),
+        services=services,
+    )
+    # The call ran: the approval it ran under (if any) allows nothing more.
+    await record_executed(
+        session,
+        runtime.reads,
+        agent_id=agent,
+        key=Approvals.idempotency_key(ctx),
+        tool_name=body.tool_name,
+        arguments=body.arguments,
+        redact=services.redact,
     )
     result = await registry.run_post_tool_use(ctx)
     _gate_calls("post_tool_use", agent, "", result.decision.value).inc()
@@ -326,7 +343,7 @@ async def _own(runtime: Runtime, agent: str, request_id: str) -> RequestOut:
         req = await get_request(session, request_id)
         if req is None or req.agent_id != agent:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r} for agent {agent!r}")
-        return RequestOut.of(req, await votes_for(session, request_id))
+        return await request_out(session, req)
 
 
 @router.get("/requests/{request_id}", response_model=RequestOut, responses=ERRORS)
