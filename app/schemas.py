@@ -12,6 +12,7 @@ from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, Status, Vote, utcnow
+from signoff.app.single_use import valid_for
 from signoff.channels import GrantChoice, Verdict
 from signoff.channels._contract import MAX_GRANT_FIELDS
 
@@ -252,6 +253,8 @@ class RequestOut(BaseModel):
     """The version of the configuration the call was gated under."""
     executed_at: datetime | None = None
     """When the approved call was reported executed: its approval allows nothing more."""
+    approval_valid_until: datetime | None = None
+    """Approved and not yet executed: until when a replay of its key is allowed."""
     grant: GrantOut | None = None
     """The grant given with the approval, if any (the first gate's, with several)."""
 
@@ -293,6 +296,9 @@ class RequestOut(BaseModel):
             gates=gates,
             config_version=snapshots[0].config_version,
             executed_at=r.executed_at,
+            approval_valid_until=r.decided_at + valid_for(r)
+            if r.status == Status.APPROVED and r.decided_at and r.executed_at is None
+            else None,
             grant=GrantOut.of(grants[0], now or utcnow()) if grants else None,
         )
 

@@ -8,7 +8,7 @@ executed (``POST /v1/hooks/post-tool-use`` with the same key) or until the gate'
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import httpx
 import sqlalchemy as sa
@@ -17,6 +17,7 @@ from sqlmodel import col, select
 from signoff.app.db import transaction
 from signoff.app.models import AuditEvent, ConfirmationRequest, utcnow
 from signoff.app.runtime import Runtime
+from signoff.app.single_use import valid_for
 from tests.conftest import ADMIN_TOKEN
 
 PRE = "/v1/hooks/pre-tool-use"
@@ -35,6 +36,9 @@ async def _approved(http: httpx.AsyncClient, key: str) -> str:
     assert d.status_code == 200, d.text
     again = await http.post(PRE, json=CALL, headers=headers)
     assert again.json()["decision"] == "allow", "a retry of the approved call itself is allowed"
+    shown = (await http.get(f"/v1/requests/{rid}", headers=headers)).json()
+    decided, until = (datetime.fromisoformat(shown[k]) for k in ("decided_at", "approval_valid_until"))
+    assert until - decided == timedelta(minutes=10)
     return rid
 
 
@@ -82,6 +86,7 @@ async def test_a_replay_says_why_it_is_denied_and_a_new_key_asks_again(
     assert fresh["decision"] == "pending", "the same payment again is a new request for a human"
     shown = (await http.get(f"/v1/requests/{rid}", headers=headers)).json()
     assert shown["executed_at"] is not None
+    assert shown["approval_valid_until"] is None
     async with runtime.sessions() as s:
         [event] = (await s.exec(select(AuditEvent).where(col(AuditEvent.action) == "executed"))).all()
     assert event.request_id == rid
@@ -169,3 +174,16 @@ async def test_session_and_tool_call_ids_are_the_key_when_none_is_sent(
     assert (await http.post(PRE, json=call, headers=headers)).json()["decision"] == "allow"
     await http.post("/v1/hooks/post-tool-use", json={**call, "result": "ok"}, headers=headers)
     assert (await http.post(PRE, json=call, headers=headers)).json()["decision"] == "deny"
+
+
+def test_the_shortest_approval_valid_for_of_the_gates_applies() -> None:
+    def request(*seconds: float | None) -> ConfirmationRequest:
+        gates = [
+            {"key": f"g{i}"} | ({"approval_valid_for_seconds": s} if s else {}) for i, s in enumerate(seconds)
+        ]
+        return ConfirmationRequest(id="r", gate=gates[0], gates=gates, channel="chat")
+
+    assert valid_for(request(60, 600)) == timedelta(minutes=1)
+    assert valid_for(request(3600)) == timedelta(hours=1)
+    assert valid_for(request(None)) == timedelta(minutes=10), "gates recorded before it: the default"
+    assert valid_for(request(3600, None)) == timedelta(minutes=10)
