@@ -199,6 +199,8 @@ async def test_a_grant_the_gate_does_not_offer_is_refused_and_nothing_changes(
         {"scope": "session", "for": "soon"},
         {"scope": "session", "for": True},
         {"scope": "session", "for": -5},
+        {"scope": "session", "for": 10**30},
+        {"scope": "session", "for": "99999999999999999999d"},
         {"scope": "session", "for": "1h", "extra": 1},
         {"scope": "session"},
     ],
