@@ -138,6 +138,9 @@ async def test_a_session_grant_allows_the_sessions_later_calls_and_nothing_else(
         call(session=None),  # no session at all
         call(to="evil"),  # another value of a field held equal
         call(tool="transfer_all"),  # another tool the same gate covers
+        call(tool="Transfer_Funds"),  # the same tool to the gate (its key), another to the grant
+        call(tool="transfer_fund\u0455"),  # a Cyrillic look-alike s
+        call(tool="transfer_funds\u200b"),  # a zero-width space
     ):
         answer = await ask(http, agent_key, body)
         assert answer["decision"] == "pending", (body, answer)
