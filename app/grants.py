@@ -46,7 +46,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row
 from signoff.app.eligibility import GateSnapshot, Voter, gates_of, is_requester
 from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
-from signoff.channels import GrantChoice
+from signoff.channels import GrantChoice, Verdict
 from signoff.channels._contract import duration_text
 from signoff.hooks import HookContext
 
@@ -109,7 +109,7 @@ def given(votes: Iterable[Vote], gate: int) -> GrantChoice | None:
     """The grant the approving votes on gate ``gate`` give: None when any approved once."""
     choices = []
     for vote in votes:
-        if vote.gate != gate or vote.verdict != "approve":
+        if vote.gate != gate or vote.verdict != Verdict.APPROVE:
             continue
         if not vote.grant_choice:
             return None
@@ -191,7 +191,7 @@ async def create_for_approval(
         digests = gate.argument_digests
         if any(name not in digests for name in choice.same):
             continue  # the call's values were not kept: nothing could be held equal
-        approving = [v for v in votes if v.gate == index and v.verdict == "approve"]
+        approving = [v for v in votes if v.gate == index and v.verdict == Verdict.APPROVE]
         grant = Grant(
             id=uuid.uuid4().hex,
             request_id=req.id,
