@@ -50,6 +50,11 @@ class Action(StrEnum):
     CONFIG_RELOADED = "config_reloaded"
     TOOL_CALL = "tool_call"
     """A call recorded by an ``audit_log`` hook."""
+    EXECUTED = "executed"
+    """An approved call reported executed (post-tool-use under its key), with its arguments."""
+    GRANT_CREATED = "grant_created"
+    GRANT_USED = "grant_used"
+    GRANT_REVOKED = "grant_revoked"
 
 
 @dataclass(frozen=True, slots=True)

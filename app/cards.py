@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 from signoff.app.config import SignoffConfig
 from signoff.app.eligibility import gates_of
+from signoff.app.grants import given, meet, offers_of
 from signoff.app.models import ConfirmationRequest, Status, Vote
-from signoff.channels import Card, GateProgress, Person, Verdict
+from signoff.channels import Card, GateProgress, GrantChoice, Person, Verdict
 
 __all__ = ["build_card"]
 
@@ -36,6 +38,14 @@ def build_card(
     decided_by = None
     if req.status != Status.PENDING and req.decided_by_channel != "system":
         decided_by = Person(req.decided_by_name or req.decided_by_user_id or "", req.decided_by_user_id)
+    # The grants every gate of this card offers (one click counts for each of them); for
+    # session, only when the call names its session.
+    offers = [o for o in offers_of(gates[here[0]]) if all(o in offers_of(gates[i]) for i in here)]
+    offers = [o for o in offers if o.scope != "session" or req.session_id]
+    granted: GrantChoice | None = None
+    if req.status == Status.APPROVED:
+        per_gate = [given(votes, i) for i in here]
+        granted = meet([g for g in per_gate if g]) if all(per_gate) else None
     approvers = dict.fromkeys(a for i in here for a in gates[i].approvers)
     voters = {v.voter: Person(v.name or v.voter, v.user_id) for v in approving if v.gate in here}
     return Card(
@@ -57,4 +67,9 @@ def build_card(
         reason=req.reason,
         require_reject_reason=any(gates[i].require_reject_reason for i in here),
         gates=progress if len(gates) > 1 else (),
+        grants=tuple(offers) if req.status == Status.PENDING else (),
+        granted=granted,
+        granted_until=req.decided_at + timedelta(seconds=granted.seconds)
+        if granted is not None and req.decided_at
+        else None,
     )

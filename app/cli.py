@@ -21,16 +21,17 @@ from sqlalchemy.engine import make_url
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app import grants
 from signoff.app.audit import Actor, BrokenLink, verify_chain
+from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import create_engine, migrate, sessionmaker, transaction
 from signoff.app.eligibility import gates_of
 from signoff.app.keys import create_key, revoke_keys
-from signoff.app.models import AgentKey, ConfirmationRequest, Status
-from signoff.app.operators import decide
+from signoff.app.models import AgentKey, ConfirmationRequest, Grant, Status, utcnow
+from signoff.app.operators import decide, resolve_grant
 from signoff.app.settings import Settings
 from signoff.app.state_machine import get_request
-from signoff.app.votes import votes_for
 from signoff.channels import Verdict
 
 app = typer.Typer(
@@ -46,6 +47,7 @@ requests_app = typer.Typer(help="Confirmation requests.", no_args_is_help=True)
 audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
 hook_app = typer.Typer(help="Agent runtime hooks.", no_args_is_help=True)
 operators_app = typer.Typer(help="Console operators.", no_args_is_help=True)
+grants_app = typer.Typer(help="Grants: who may act without asking.", no_args_is_help=True)
 readonly_app = typer.Typer(
     help="The read-only switch that `readonly_guard` hooks watch.", no_args_is_help=True
 )
@@ -58,6 +60,7 @@ for sub, name in [
     (readonly_app, "readonly"),
     (hook_app, "hook"),
     (operators_app, "operators"),
+    (grants_app, "grants"),
 ]:
     app.add_typer(sub, name=name)
 
@@ -328,13 +331,13 @@ def requests_list(
 @requests_app.command("show")
 def requests_show(request_id: str) -> None:
     """A request with its votes, as JSON."""
-    from signoff.app.schemas import RequestOut
+    from signoff.app.queries import request_out
 
     async def work(session: AsyncSession, settings: Settings) -> str | None:
         req = await get_request(session, request_id)
         if req is None:
             return None
-        return RequestOut.of(req, await votes_for(session, request_id)).model_dump_json(indent=2)
+        return (await request_out(session, req)).model_dump_json(indent=2)
 
     out = _with_session(work)
     if out is None:
@@ -342,9 +345,26 @@ def requests_show(request_id: str) -> None:
     typer.echo(out)
 
 
-def _decide(request_id: str, verdict: Verdict, reason: str | None, as_: str | None) -> None:
+def _grant_option(text: str) -> tuple[str, int, list[str] | None]:
+    """``session:1h`` or ``agent:30m:to,memo`` → scope, seconds and the ``same`` fields (if named)."""
+    scope, _, rest = text.strip().partition(":")
+    duration, _, fields = rest.partition(":")
+    try:
+        seconds = int(parse_duration(duration).total_seconds())
+    except ValueError as exc:
+        raise CliError(f"--grant {text!r}: {exc} (write e.g. --grant session:1h)", 2) from None
+    if scope not in ("session", "agent"):
+        raise CliError(f"--grant {text!r}: the scope is session or agent (write e.g. --grant session:1h)", 2)
+    same = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
+    return scope, seconds, same
+
+
+def _decide(
+    request_id: str, verdict: Verdict, reason: str | None, as_: str | None, grant: str | None = None
+) -> None:
     settings = _settings()
     config = _config(settings, needed_for=f"`signoff requests {verdict.value}`")
+    wanted = _grant_option(grant) if grant is not None else None
 
     async def work(session: AsyncSession, settings: Settings) -> tuple[bool, str] | None:
         if as_ is None or not as_.strip():
@@ -358,6 +378,15 @@ def _decide(request_id: str, verdict: Verdict, reason: str | None, as_: str | No
                 f"(approvers of this request: {approvers})",
                 2,
             )
+        choice = None
+        if wanted is not None:
+            scope, seconds, same = wanted
+            found = await resolve_grant(session, request_id, scope=scope, seconds=seconds, same=same)
+            if found is None:
+                return None
+            if isinstance(found, str):
+                raise CliError(found)
+            choice = found
         result = await decide(
             session,
             request_id,
@@ -365,6 +394,7 @@ def _decide(request_id: str, verdict: Verdict, reason: str | None, as_: str | No
             operator=as_.strip(),
             config=config,
             reason=reason,
+            grant=choice,
             via="cli",
         )
         return None if result is None else (result.accepted, result.message)
@@ -385,9 +415,16 @@ def requests_approve(
     as_: Annotated[
         str | None, typer.Option("--as", help="Operator name (a person in the directory).")
     ] = None,
+    grant: Annotated[
+        str | None,
+        typer.Option(
+            help="Approve with a grant the gate offers instead of once: SCOPE:DURATION[:FIELD,…] "
+            "(session:1h, agent:30m:to)."
+        ),
+    ] = None,
 ) -> None:
-    """Approve a request as an operator."""
-    _decide(request_id, Verdict.APPROVE, reason, as_)
+    """Approve a request as an operator (once, or with a grant the gate offers)."""
+    _decide(request_id, Verdict.APPROVE, reason, as_, grant)
 
 
 @requests_app.command("reject")
@@ -400,6 +437,54 @@ def requests_reject(
 ) -> None:
     """Reject a request as an operator."""
     _decide(request_id, Verdict.REJECT, reason, as_)
+
+
+@grants_app.command("list")
+def grants_list(
+    all_: Annotated[bool, typer.Option("--all", help="Expired and revoked ones too.")] = False,
+    agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
+) -> None:
+    """One grant per line, id first, newest first: active ones unless --all."""
+    now = utcnow()
+
+    async def work(session: AsyncSession, settings: Settings) -> list[Grant]:
+        return await grants.list_grants(
+            session, active=None if all_ else True, agent=agent, now=now, limit=1000
+        )
+
+    for g in _with_session(work):
+        where = f"session {g.session_id}" if g.scope == "session" else "agent"
+        same = ",".join(sorted(g.same_shown)) or "-"
+        state = (
+            f"revoked {g.revoked_at:%Y-%m-%d %H:%M} by {g.revoked_by}"
+            if g.revoked_at
+            else ("expired" if g.expires_at <= now else "active")
+        )
+        typer.echo(
+            f"{g.id}  {g.agent_id}  {g.tool_name}  {where}  same={same}  by {g.granted_by}  "
+            f"until {g.expires_at:%Y-%m-%d %H:%M:%S}Z  uses={g.uses}  {state}"
+        )
+
+
+@grants_app.command("revoke")
+def grants_revoke(
+    grant_id: Annotated[str, typer.Argument(help="The grant id (see `signoff grants list`).")],
+    as_: Annotated[str | None, typer.Option("--as", help="Operator name (audited).")] = None,
+) -> None:
+    """Revoke a grant: from the next call on, on every server, it allows nothing."""
+
+    async def work(session: AsyncSession, settings: Settings) -> tuple[bool, bool, str | None]:
+        grant, revoked = await grants.revoke(
+            session, grant_id, actor=Actor("cli", as_, as_ or "command line")
+        )
+        return grant is not None, revoked, grant.revoked_by if grant else None
+
+    exists, revoked, by = _with_session(work)
+    if not exists:
+        raise CliError(f"no grant {grant_id} (see `signoff grants list --all`)")
+    if not revoked:
+        raise CliError(f"grant {grant_id} was already revoked (by {by})")
+    typer.echo(f"revoked grant {grant_id}")
 
 
 @audit_app.command("verify")

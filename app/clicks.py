@@ -89,6 +89,7 @@ class ClickService:
                     verdict=click.verdict,
                     config=self._config,
                     reason=click.reason,
+                    grant=click.grant,
                 )
         if result is None:
             return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))

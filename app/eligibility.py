@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.models import ConfirmationRequest
+from signoff.channels import GrantChoice
 
 __all__ = [
     "NOT_AN_APPROVER",
@@ -69,6 +70,13 @@ class GateSnapshot(BaseModel):
     require_reject_reason: bool = False
     timeout_seconds: float = 0.0
     """How long its approvers had."""
+    approval_valid_for_seconds: float | None = None
+    """How long after the decision its approval allows the call (None: recorded before the
+    gate said; the default applies)."""
+    grants: tuple[GrantChoice, ...] = ()
+    """The grants its approvers were offered beside approving once."""
+    argument_digests: dict[str, str] = {}
+    """The digest of each argument field those grants may hold equal, as the call had it."""
     config_version: str | None = None
     """The configuration the request was gated under (one for all its gates)."""
 

@@ -6,20 +6,21 @@ import asyncio
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit
+from signoff.app import audit, grants
 from signoff.app.audit import Action, Actor
 from signoff.app.db import UNAVAILABLE
 from signoff.app.intake import Approvals
 from signoff.app.models import RateBucket, utcnow
 from signoff.app.redaction import redact
 from signoff.app.switches import is_switch_on
-from signoff.hooks import HookContext, HookResult, ServiceUnavailable
+from signoff.hooks import Decision, HookContext, HookResult, ServiceUnavailable
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Runtime
@@ -41,6 +42,10 @@ def _reachable() -> Iterator[None]:
         raise ServiceUnavailable(f"the database is unavailable ({type(exc).__name__})") from exc
 
 
+class _GrantEnded(Exception):
+    """A grant the call rested on was revoked or expired before its use was counted."""
+
+
 class ServerHookServices:
     """Writes go to the call's ``session`` (new requests through the runtime's intake
     while that session has not begun); reads of switches take a reading session, so a
@@ -50,7 +55,7 @@ class ServerHookServices:
         config = runtime.config
         self._session = session
         self._reads = runtime.reads
-        self.approvals = Approvals(session, config, intake=runtime.intake)
+        self.approvals = Approvals(session, config, intake=runtime.intake, reads=runtime.reads)
         self._redact = config.redact_words(agent_id)
         self._unsettled: asyncio.Task[HookResult] | None = None
 
@@ -90,6 +95,52 @@ class ServerHookServices:
         except Exception:
             log.exception("writing a new request failed after its hook timed out")
             return None
+
+    @property
+    def grant_id(self) -> str | None:
+        """The grant the call was allowed by (the first, when grants stood in for several gates)."""
+        return next((g.id for g in self.approvals.granted.values()), None)
+
+    async def conclude(self, ctx: HookContext, result: HookResult) -> HookResult:
+        """The answer once every hook has run. An allow that grants let through their gates
+        uses them: each grant's row is checked again as the use is counted (audited
+        ``grant_used``), so one revoked on any replica meanwhile denies instead."""
+        used = self.approvals.granted
+        if result.decision is not Decision.ALLOW or not used:
+            return result
+        with _reachable():
+            ended = await self._use_grants(ctx)
+        if ended is not None:
+            self.approvals.granted = {}
+            return HookResult.deny(
+                f"grant {ended} ended (revoked or expired) as the call was answered; "
+                "call again to ask for approval",
+                request_id=result.request_id,
+            )
+        reasons = [grants.describe(g) for g in used.values()]
+        if result.reason:
+            reasons.insert(0, result.reason)
+        return replace(result, reason="; ".join(reasons))
+
+    async def _use_grants(self, ctx: HookContext) -> str | None:
+        """Count a use of every grant the call rests on; the id of one that had ended (then no
+        use of any is counted)."""
+        detail = {"tool": ctx.tool_name, "session_id": ctx.session_id, "tool_call_id": ctx.tool_call_id}
+        used = list(self.approvals.granted.items())
+        if len(used) == 1:
+            key, grant = used[0]
+            done = await grants.use(self._session, grant, agent=ctx.agent_id, detail={**detail, "gate": key})
+            return None if done else grant.id
+        try:
+            async with self._session.begin_nested():
+                for key, grant in used:
+                    if not await grants.use(
+                        self._session, grant, agent=ctx.agent_id, detail={**detail, "gate": key}
+                    ):
+                        raise _GrantEnded(grant.id)
+        except _GrantEnded as exc:
+            return str(exc)
+        return None
 
     async def is_switch_on(self, name: str) -> bool:
         with _reachable():

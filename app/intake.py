@@ -29,14 +29,15 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit
+from signoff.app import audit, grants
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.eligibility import GateSnapshot, gates_of
-from signoff.app.models import ConfirmationRequest, Status, from_row, utcnow
+from signoff.app.models import ConfirmationRequest, Grant, Status, from_row, utcnow
 from signoff.app.redaction import redact
+from signoff.app.single_use import spent
 from signoff.app.state_machine import DECIDED_COLUMNS, decision_for, owed_delivery, queue_deliveries
 from signoff.hooks import Decision, HookContext, HookResult
 
@@ -189,8 +190,14 @@ class Intake:
 
 
 class Approvals:
-    """The server side of the confirmation gate for one call (see :class:`signoff.hooks.HookServices`):
-    its request is written by ``intake`` as part of the call's unit of work ``session``."""
+    """The server side of the confirmation gate for one call (see :class:`signoff.hooks.HookServices`).
+
+    A gate with an active grant covering the call lets it on at once (the grant is recorded
+    in ``granted``; its use is counted once every hook has allowed the call, see
+    :meth:`signoff.app.hook_services.ServerHookServices.conclude`). Otherwise one request asks
+    every matching gate without such a grant. Its request is written by ``intake`` as part of the
+    call's unit of work ``session``; grants are looked up in ``reads`` (default: ``session``).
+    """
 
     def __init__(
         self,
@@ -198,14 +205,19 @@ class Approvals:
         config: SignoffConfig,
         *,
         intake: Intake | None = None,
+        reads: async_sessionmaker[AsyncSession] | None = None,
         now: datetime | None = None,
     ) -> None:
         self._session = session
         self._config = config
         self._intake = intake or Intake()
+        self._reads = reads
         self._now = now
         self.created: ConfirmationRequest | None = None
         self.request: ConfirmationRequest | None = None
+        self._grants: dict[str, Grant] | None = None
+        self.granted: dict[str, Grant] = {}
+        """The grants that let this call through their gates, by gate key, in the order used."""
 
     @staticmethod
     def idempotency_key(ctx: HookContext) -> str | None:
@@ -225,13 +237,36 @@ class Approvals:
             )
         self.request = found
         if key not in {g.key for g in gates_of(found)}:
-            # Its approval never asked this gate (the configuration changed since, say).
+            # Its approval never asked this gate (the configuration changed since, or a grant
+            # that stood in for it has ended).
             return HookResult.deny(
                 f"gate {key!r} was not asked in request {found.id} under idempotency key "
                 f"{found.idempotency_key!r}; send a new key to ask every gate again",
                 request_id=found.id,
             )
-        return decision_for(found)
+        answer = decision_for(found)
+        if answer.decision is Decision.ALLOW and (why := spent(found, self._now)) is not None:
+            return HookResult.deny(why, request_id=found.id)
+        return answer
+
+    async def _active_grants(
+        self, ctx: HookContext, matched: list[tuple[str, ConfirmationGate]]
+    ) -> dict[str, Grant]:
+        """The active grant covering the call for each matching gate that has one (looked up
+        once per call, and only when a matching gate offers grants)."""
+        if self._grants is None:
+            if not any(gate.grants for _, gate in matched):
+                self._grants = {}
+            elif self._reads is None or self._session.in_transaction():
+                self._grants = await grants.find_for_call(
+                    self._session, ctx, matched, self._config, now=self._now
+                )
+            else:
+                async with self._reads() as session:
+                    self._grants = await grants.find_for_call(
+                        session, ctx, matched, self._config, now=self._now
+                    )
+        return self._grants
 
     def _matching(self, ctx: HookContext, gate: ConfirmationGate) -> list[tuple[str, ConfirmationGate]]:
         """Every confirmation gate of the agent that matches the call (``gate`` among them),
@@ -252,7 +287,7 @@ class Approvals:
         matched = matched or self._matching(ctx, gate)
         now = self._now or utcnow()
         words = config.redact_words(ctx.agent_id)
-        snapshots = [_snapshot(key, gate) for key, gate in matched]
+        snapshots = [_snapshot(key, gate, ctx.arguments) for key, gate in matched]
         gates = [s.stored() for s in snapshots]
         first = matched[0][1]
         row: dict[str, Any] = {
@@ -293,12 +328,17 @@ class Approvals:
         assert isinstance(gate, ConfirmationGate)
         matched = self._matching(ctx, gate)
         key = next(k for k, g in matched if g is gate)
+        active = await self._active_grants(ctx, matched)
+        if key in active:
+            grant = self.granted[key] = active[key]
+            return HookResult(decision=Decision.ALLOW, reason=grants.describe(grant))
         digest = call_digest(ctx.tool_name, ctx.arguments)
         if self.request is not None:
             # A later gate of this same call (an Approvals serves one call): the earlier gate
             # let the call on by this request, which holds every gate that matched.
             return self._replay(self.request, digest, key)
-        new = self._prepare(ctx, gate, matched)
+        # A grant stands in for its own gate only: the request asks every other gate.
+        new = self._prepare(ctx, gate, [(k, g) for k, g in matched if k not in active])
         found = await self._intake.create_request(self._session, new)
         if found is not None:
             return self._replay(found, digest, key)
@@ -319,8 +359,9 @@ def _matches(gate: ConfirmationGate, ctx: HookContext) -> bool:
         return True  # a gate that cannot tell asks its approvers (fail closed)
 
 
-def _snapshot(key: str, gate: ConfirmationGate) -> GateSnapshot:
-    """The gate as the request records it."""
+def _snapshot(key: str, gate: ConfirmationGate, arguments: Mapping[str, Any]) -> GateSnapshot:
+    """The gate as the request records it (with the grants it offers, the digests of the
+    argument values they may hold equal)."""
     return GateSnapshot(
         key=key,
         name=gate.label,
@@ -330,6 +371,9 @@ def _snapshot(key: str, gate: ConfirmationGate) -> GateSnapshot:
         allow_self_approval=gate.allow_self_approval,
         require_reject_reason=gate.require_reject_reason,
         timeout_seconds=gate.timeout.total_seconds(),
+        approval_valid_for_seconds=gate.approval_valid_for.total_seconds(),
+        grants=tuple(offer.choice for offer in gate.grants),
+        argument_digests=grants.argument_digests(gate, arguments),
     )
 
 

@@ -112,6 +112,11 @@ class ConfirmationRequest(SQLModel, table=True):
     decided_by_channel: str | None = Field(default=None, max_length=200)
     decided_by_user_id: str | None = Field(default=None, max_length=200)
     decided_by_name: str | None = Field(default=None, max_length=200)
+    executed_at: datetime | None = _ts(default=None, nullable=True)
+    """When the approved call was reported executed (post-tool-use with its idempotency key):
+    from then on the approval allows nothing more."""
+    executed_arguments: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    """The arguments it was reported executed with (redacted)."""
 
 
 class Vote(SQLModel, table=True):
@@ -133,6 +138,43 @@ class Vote(SQLModel, table=True):
     reason: str | None = None
     identity: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     created_at: datetime = _ts(default_factory=utcnow)
+    grant_choice: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    """An approval that chose a grant: ``{scope, seconds, same}`` (None: approve once)."""
+
+
+class Grant(SQLModel, table=True):
+    """A standing permission given with an approval: later calls of the tool by the agent (in
+    the session, for ``scope`` ``session``) with the ``same`` fields unchanged are allowed
+    without asking until ``expires_at``, unless revoked. Every use reads this row."""
+
+    __tablename__ = "approval_grant"
+    __table_args__ = (sa.Index("ix_approval_grant_agent_id_tool_name", "agent_id", "tool_name"),)
+
+    id: str = Field(primary_key=True, max_length=32)
+    request_id: str = Field(foreign_key="confirmation_request.id", index=True, max_length=32)
+    """The approval it was given with."""
+    agent_id: str = Field(max_length=200)
+    scope: str = Field(max_length=16)
+    session_id: str | None = Field(default=None, max_length=200)
+    """The session it holds for (``scope`` ``session``)."""
+    tool_name: str = Field(max_length=500)
+    """The tool exactly as the approved call named it."""
+    gate: str = Field(max_length=500)
+    """The key of the gate it stands in for (its name)."""
+    same: dict[str, str] = Field(default_factory=dict, sa_type=sa.JSON)
+    """Each field held equal → the SHA-256 of its canonical value in the approved call."""
+    same_shown: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    """Each field held equal → its value as shown (redacted)."""
+    granted_by: str = Field(max_length=1000)
+    """The approvers' names, as the grant's uses name them."""
+    grantors: list[dict[str, Any]] = Field(default_factory=list, sa_type=sa.JSON)
+    """Each approver who chose it: ``{voter, channel, user_id, name, email}``."""
+    created_at: datetime = _ts(default_factory=utcnow)
+    expires_at: datetime = _ts(index=True)
+    revoked_at: datetime | None = _ts(default=None, nullable=True)
+    revoked_by: str | None = Field(default=None, max_length=200)
+    uses: int = 0
+    last_used_at: datetime | None = _ts(default=None, nullable=True)
 
 
 class AuditEvent(SQLModel, table=True):

@@ -17,7 +17,9 @@ from sqlmodel.sql.expression import SelectOfScalar
 
 from signoff.app.audit import verify_chain
 from signoff.app.config import SignoffConfig
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
+from signoff.app.eligibility import gates_of
+from signoff.app.grants import grants_by_request
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
 from signoff.app.state_machine import get_request
 from signoff.app.votes import votes_for
@@ -37,6 +39,7 @@ __all__ = [
     "masked",
     "masked_channels",
     "readable",
+    "request_out",
     "request_outs",
     "request_trail",
     "verify_audit",
@@ -65,10 +68,27 @@ def readable(reqs: Iterable[ConfirmationRequest], show: Callable[[ConfirmationRe
     return out
 
 
+def _may_have_grants(req: ConfirmationRequest) -> bool:
+    """Whether an approval of ``req`` could have given a grant (its gates offered some)."""
+    return req.status == Status.APPROVED and any(g.grants for g in gates_of(req))
+
+
+async def _grants_of(session: AsyncSession, reqs: Sequence[ConfirmationRequest]) -> dict[str, list[Grant]]:
+    return await grants_by_request(session, (r.id for r in reqs if _may_have_grants(r)))
+
+
+async def request_out(session: AsyncSession, req: ConfirmationRequest) -> RequestOut:
+    """The request as the API shows it: with its votes and the grant its approval gave."""
+    grants = await _grants_of(session, [req])
+    return RequestOut.of(req, await votes_for(session, req.id), grants.get(req.id, ()))
+
+
 async def request_outs(session: AsyncSession, reqs: Sequence[ConfirmationRequest]) -> list[RequestOut]:
-    """The requests as the API shows them, with their votes (one query), unreadable rows left out."""
+    """The requests as the API shows them, with their votes and grants (a query each),
+    unreadable rows left out."""
     votes = await votes_by_request(session, (r.id for r in reqs))
-    return readable(reqs, lambda r: RequestOut.of(r, votes[r.id]))
+    grants = await _grants_of(session, reqs)
+    return readable(reqs, lambda r: RequestOut.of(r, votes[r.id], grants.get(r.id, ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +212,7 @@ async def admin_view(session: AsyncSession, request_id: str) -> AdminRequestOut 
     req = await get_request(session, request_id)
     if req is None:
         return None
-    base = RequestOut.of(req, await votes_for(session, request_id))
+    base = await request_out(session, req)
     trail = await request_trail(session, request_id)
     return AdminRequestOut(**base.model_dump(), audit=[AuditEventOut.of(e) for e in trail])
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from signoff.app.bodies import storable
+from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.eligibility import GateSnapshot, gates_of
-from signoff.app.models import AuditEvent, ConfirmationRequest, Status, Vote
-from signoff.channels import MAX_REASON_CHARS, Verdict
+from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, Status, Vote, utcnow
+from signoff.app.single_use import valid_for
+from signoff.channels import MAX_REASON_CHARS, GrantChoice, Verdict
+from signoff.channels._contract import MAX_GRANT_FIELDS
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Reload
@@ -38,10 +41,12 @@ class ToolCallIn(BaseModel):
     tool_call_id: str | None = Field(default=None, max_length=200)
     user_id: str | None = Field(default=None, max_length=200)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=500)
+    """The call's key: the ask's, and the report's, which uses up that call's approval."""
 
 
 class PreToolUseIn(ToolCallIn):
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=500)
+    """The body of ``POST /v1/hooks/pre-tool-use``."""
 
 
 class PostToolUseIn(ToolCallIn):
@@ -115,6 +120,68 @@ class Decider(BaseModel):
     name: str | None
 
 
+class GrantChoiceOut(BaseModel):
+    """A grant as a gate offers it or an approver chose it."""
+
+    scope: Literal["session", "agent"]
+    seconds: int
+    same: list[str]
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any] | None) -> GrantChoiceOut | None:
+        if not raw:
+            return None
+        try:
+            choice = GrantChoice.from_dict(raw)
+        except ValueError:
+            return None
+        return cls(scope=choice.scope, seconds=choice.seconds, same=list(choice.same))
+
+
+class GrantOut(BaseModel):
+    """A grant given with an approval: who gave it, what it covers, until when, how often used."""
+
+    id: str
+    request_id: str
+    agent_id: str
+    scope: Literal["session", "agent"]
+    session_id: str | None
+    tool_name: str
+    gate: str
+    same: dict[str, Any]
+    """Each argument field held equal, with its approved value (redacted)."""
+    granted_by: str
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None
+    revoked_by: str | None
+    uses: int
+    last_used_at: datetime | None
+    active: bool
+    """Not revoked and not expired: calls it covers are allowed without asking."""
+
+    @classmethod
+    def of(cls, g: Grant, now: datetime) -> GrantOut:
+        return cls(
+            id=g.id,
+            request_id=g.request_id,
+            agent_id=g.agent_id,
+            scope=g.scope,
+            session_id=g.session_id,
+            tool_name=g.tool_name,
+            gate=g.gate,
+            same=dict(g.same_shown),
+            granted_by=g.granted_by,
+            created_at=g.created_at,
+            expires_at=g.expires_at,
+            revoked_at=g.revoked_at,
+            revoked_by=g.revoked_by,
+            uses=g.uses,
+            last_used_at=g.last_used_at,
+            active=g.revoked_at is None and g.expires_at > now,
+        )
+
+
 class VoteOut(BaseModel):
     verdict: str
     gate: str
@@ -125,10 +192,13 @@ class VoteOut(BaseModel):
     email: str | None
     reason: str | None
     created_at: datetime
+    grant: GrantChoiceOut | None = None
+    """The grant the approval chose (``None``: approve once)."""
 
     @classmethod
     def of(cls, v: Vote, gates: Sequence[GateSnapshot] = ()) -> VoteOut:
         return cls(
+            grant=GrantChoiceOut.of(v.grant_choice),
             verdict=v.verdict,
             gate=gates[v.gate].name if 0 <= v.gate < len(gates) else "",
             channel=v.channel,
@@ -178,9 +248,22 @@ class RequestOut(BaseModel):
     gates: list[GateOut]
     config_version: str | None = None
     """The version of the configuration the call was gated under."""
+    executed_at: datetime | None = None
+    """When the approved call was reported executed: its approval allows nothing more."""
+    approval_valid_until: datetime | None = None
+    """Approved and not yet executed: until when a replay of its key is allowed."""
+    grant: GrantOut | None = None
+    """The grant given with the approval, if any (the first gate's, with several)."""
 
     @classmethod
-    def of(cls, r: ConfirmationRequest, votes: Sequence[Vote]) -> RequestOut:
+    def of(
+        cls,
+        r: ConfirmationRequest,
+        votes: Sequence[Vote],
+        grants: Sequence[Grant] = (),
+        *,
+        now: datetime | None = None,
+    ) -> RequestOut:
         decided_by = (
             Decider(channel=r.decided_by_channel, user_id=r.decided_by_user_id, name=r.decided_by_name)
             if r.decided_by_channel
@@ -209,6 +292,11 @@ class RequestOut(BaseModel):
             votes=[VoteOut.of(v, snapshots) for v in votes],
             gates=gates,
             config_version=snapshots[0].config_version,
+            executed_at=r.executed_at,
+            approval_valid_until=r.decided_at + valid_for(r)
+            if r.status == Status.APPROVED and r.decided_at and r.executed_at is None
+            else None,
+            grant=GrantOut.of(grants[0], now or utcnow()) if grants else None,
         )
 
 
@@ -234,6 +322,8 @@ class DecisionOut(BaseModel):
     request_id: str | None = None
     request: RequestOut | None = None
     modified_arguments: dict[str, Any] | None = None
+    grant_id: str | None = None
+    """The grant that allowed the call without asking."""
 
 
 class AuditEventOut(BaseModel):
@@ -257,12 +347,33 @@ class AdminRequestOut(RequestOut):
     audit: list[AuditEventOut]
 
 
+class GrantIn(BaseModel):
+    """A grant to give with an approval: one the request's gate offers."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    scope: Literal["session", "agent"]
+    for_: timedelta = Field(alias="for")
+    """``30m``, ``1h``, ``1d`` or seconds."""
+    same: list[Text] | None = Field(default=None, max_length=MAX_GRANT_FIELDS)
+    """The fields it holds equal; left out, those of the offer with this scope and time."""
+
+    @field_validator("for_", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        if isinstance(value, bool):
+            raise ValueError("a duration such as 30m, 1h or 1d")
+        return parse_duration(value)
+
+
 class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     verdict: Verdict
     operator: Text = Field(min_length=1, max_length=200)
     reason: Text | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    grant: GrantIn | None = None
+    """Approve with this grant instead of approving once (it must be one the gate offers)."""
 
 
 class AuditVerifyOut(BaseModel):

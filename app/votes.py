@@ -16,13 +16,13 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit
+from signoff.app import audit, grants
 from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row, insert_unless_taken
 from signoff.app.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.state_machine import expire, get_request, queue_updates, settle, transition
-from signoff.channels import Verdict
+from signoff.channels import GrantChoice, Verdict
 
 __all__ = ["VoteResult", "cast_vote", "refuse_vote", "votes_for"]
 
@@ -55,18 +55,21 @@ async def cast_vote(
     verdict: Verdict,
     config: SignoffConfig,
     reason: str | None = None,
+    grant: GrantChoice | None = None,
     now: datetime | None = None,
 ) -> VoteResult | None:
     """Record one vote and apply the transition it causes. None if there is no such request.
 
-    Refusals (not an approver, the requester, already decided, a second vote)
-    change nothing but the audit log, and say why.
+    ``grant``: an approval that gives this grant instead of approving the one call; every
+    gate the vote counts for must offer it. Refusals (not an approver, the requester,
+    already decided, a second vote, a grant not offered) change nothing but the audit log,
+    and say why.
     """
     now = now or utcnow()
     req = await get_request(session, request_id, for_update=True)
     if req is None:
         return None
-    detail = _vote_detail(voter, verdict, reason)
+    detail = _vote_detail(voter, verdict, reason, grant)
 
     async def refuse(message: str) -> VoteResult:
         await _audit_refusal(session, req, voter, detail, message)
@@ -88,9 +91,17 @@ async def cast_vote(
         and not (reason and reason.strip())
     ):
         return await refuse("A reason is required to reject this request.")
+    if grant is not None:
+        if verdict is not Verdict.APPROVE:
+            return await refuse("A grant is given with an approval, not a rejection.")
+        why_not = grants.choice_refusal(grant, [gates[i] for i in eligible], session_id=req.session_id)
+        if why_not is not None:
+            return await refuse(why_not)
 
     # One row per gate the vote counts for; a gate this voter already voted on keeps that vote.
-    counted = [i for i in eligible if await _insert_vote(session, request_id, i, voter, verdict, reason, now)]
+    counted = [
+        i for i in eligible if await _insert_vote(session, request_id, i, voter, verdict, reason, grant, now)
+    ]
     if not counted:
         return await refuse("You have already voted on this request.")
     names = [gates[i].name for i in counted]
@@ -112,7 +123,9 @@ async def cast_vote(
             session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
         )
         await settle(session, req, won, Status.APPROVED, decided_by, reason, now)
-        return VoteResult(True, f"Approved by {decided_by.name or decided_by.id}.", req, decided=True)
+        given = await grants.create_for_approval(session, req, actor=decided_by, now=now) if won else []
+        how = f" {grants.approved_how(given[0])}" if given else " once"
+        return VoteResult(True, f"Approved{how} by {decided_by.name or decided_by.id}.", req, decided=True)
     await queue_updates(session, request_id)
     await audit.append_many(session, voted)
     return VoteResult(True, _progress(gates, counted, approvals, quorums), req)
@@ -143,6 +156,7 @@ async def _insert_vote(
     voter: Voter,
     verdict: Verdict,
     reason: str | None,
+    grant: GrantChoice | None,
     now: datetime,
 ) -> bool:
     """Record ``voter``'s vote for gate ``gate``; False if they already voted on it."""
@@ -158,15 +172,21 @@ async def _insert_vote(
         reason=reason,
         identity=dict(voter.identity or {}),
         created_at=now,
+        grant_choice=grant.as_dict() if grant is not None else None,
     )
     return await insert_unless_taken(session, _VOTES, _VOTE_KEY, core_row(vote, skip=("id",)))
 
 
-def _vote_detail(voter: Voter, verdict: Verdict, reason: str | None) -> dict[str, Any]:
+def _vote_detail(
+    voter: Voter, verdict: Verdict, reason: str | None, grant: GrantChoice | None = None
+) -> dict[str, Any]:
     identity = dict(voter.identity or {})
     if voter.email:
         identity["email"] = voter.email
-    return {"verdict": verdict.value, "reason": reason, "identity": identity}
+    detail: dict[str, Any] = {"verdict": verdict.value, "reason": reason, "identity": identity}
+    if grant is not None:
+        detail["grant"] = grant.as_dict()
+    return detail
 
 
 async def _audit_refusal(

@@ -20,6 +20,9 @@ while. At the end:
   last updated to the outcome (the word in the text, and no buttons left);
 - every duplicate post of a card is explained by a kill between the two posts,
   and there are at most kills x the dispatcher's concurrency of them;
+- an approval that gave a grant (operator API or the card's grant button) has
+  exactly one grant, and no other request has any: a grant exists exactly when
+  its approval committed;
 - no delivery is left pending or failed; the audit chain verifies
   (``signoff audit verify``).
 
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import random
 import secrets
@@ -95,7 +99,15 @@ agents:
         channel: {slack}
         approvers: [alice, bob]
         timeout: {short}s
+      - type: confirmation_gate
+        name: granting
+        tools: ["grant_*"]
+        channel: {slack}
+        approvers: [alice, bob]
+        timeout: 30m
+        grants: [{{scope: agent, for: 1h}}]
 """
+GRANT = {"scope": "agent", "seconds": 3600, "same": []}
 
 # action → (tool prefix, expected status, approvals, rejections)
 ACTIONS: dict[str, tuple[str, str, int, int]] = {
@@ -107,7 +119,11 @@ ACTIONS: dict[str, tuple[str, str, int, int]] = {
     "two-approvals": ("wire", "approved", 2, 0),
     "approve-then-reject": ("wire", "rejected", 1, 1),
     "expire": ("quick", "expired", 0, 0),
+    "api-grant": ("grant", "approved", 1, 0),
+    "slack-grant": ("grant", "approved", 1, 0),
 }
+GRANTING = frozenset({"api-grant", "slack-grant"})
+"""Actions whose approval gives a grant."""
 WEIGHTS = {
     "api-approve": 3,
     "slack-approve": 3,
@@ -117,6 +133,8 @@ WEIGHTS = {
     "two-approvals": 2,
     "approve-then-reject": 1,
     "expire": 1,
+    "api-grant": 1,
+    "slack-grant": 1,
 }
 
 
@@ -266,8 +284,12 @@ async def call(
     raise RuntimeError(f"{method} {url}: no answer in {timeout} s (last: {last})")
 
 
-def slack_click(rid: str, user: str, n: int) -> tuple[bytes, dict[str, str]]:
-    payload = button_payload("signoff_approve", request_id=rid)
+def slack_click(rid: str, user: str, n: int, *, grant: bool = False) -> tuple[bytes, dict[str, str]]:
+    if grant:
+        value = json.dumps({"request_id": rid, "grant": GRANT}, separators=(",", ":"))
+        payload = button_payload("signoff_grant.0", request_id=value)
+    else:
+        payload = button_payload("signoff_approve", request_id=rid)
     payload["user"]["id"] = user
     payload["actions"][0]["action_ts"] = f"{time.time():.6f}{n}"
     body = form_body(payload)
@@ -288,10 +310,12 @@ async def decide(client: httpx.AsyncClient, plan: Plan, agent: dict[str, str], a
     api = f"/v1/admin/requests/{rid}/decision"
     slack = f"/callbacks/slack/{SLACK}"
 
-    async def via_api(verdict: str, who: str) -> None:
+    async def via_api(verdict: str, who: str, grant: bool = False) -> None:
         body: dict[str, Any] = {"verdict": verdict, "operator": who}
         if verdict == "reject":
             body["reason"] = "chaos says no"
+        if grant:
+            body["grant"] = {"scope": "agent", "for": "1h"}
         # 409: a try before a crash got through, and this one is refused as a second vote.
         await call(client, "POST", api, json=body, headers=admin, accept=(200, 409))
 
@@ -318,6 +342,11 @@ async def decide(client: httpx.AsyncClient, plan: Plan, agent: dict[str, str], a
             await via_api("reject", "bob")
         case "expire":
             pass
+        case "api-grant":
+            await via_api("approve", "alice", grant=True)
+        case "slack-grant":
+            body, headers = slack_click(rid, "W0BOB", plan.n, grant=True)
+            await call(client, "POST", slack, content=body, headers=headers)
 
 
 async def workers(n: int, items: list[Plan], work: Any) -> None:
@@ -343,7 +372,7 @@ async def database(db: str, tmp: Path) -> AsyncIterator[str]:
 
 async def snapshot(url: str) -> dict[str, Any]:
     from signoff.app.db import create_engine, sessionmaker
-    from signoff.app.models import ConfirmationRequest, Delivery, Vote
+    from signoff.app.models import ConfirmationRequest, Delivery, Grant, Vote
 
     engine = create_engine(url, readonly=True)
     try:
@@ -351,9 +380,10 @@ async def snapshot(url: str) -> dict[str, Any]:
             requests = list((await s.exec(select(ConfirmationRequest))).all())
             votes = list((await s.exec(select(Vote))).all())
             deliveries = list((await s.exec(select(Delivery))).all())
+            grants = list((await s.exec(select(Grant))).all())
     finally:
         await engine.dispose()
-    return {"requests": requests, "votes": votes, "deliveries": deliveries}
+    return {"requests": requests, "votes": votes, "deliveries": deliveries, "grants": grants}
 
 
 async def run(
@@ -553,6 +583,7 @@ async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) 
     votes: dict[str, list[Any]] = defaultdict(list)
     for v in snap["votes"]:
         votes[v.request_id].append(v)
+    grants = Counter(g.request_id for g in snap["grants"])
     for plan in plans:
         req = requests.get(plan.rid or "")
         if req is None:
@@ -577,6 +608,11 @@ async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) 
         }.get(str(req.status), False)
         if not consistent:
             problems.append(f"{req.id} is {req.status} with votes {dict(got)} (quorum {quorum})")
+        given = 1 if plan.action in GRANTING and req.status == "approved" else 0
+        if grants[req.id] != given:
+            problems.append(
+                f"{req.id} ({plan.action}, {req.status}) has {grants[req.id]} grants, expected {given}"
+            )
 
     deliveries = snap["deliveries"]
     problems += [

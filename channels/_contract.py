@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,6 +26,7 @@ __all__ = [
     "ClickOutcome",
     "DeliveryError",
     "GateProgress",
+    "GrantChoice",
     "Identity",
     "InteractiveChannel",
     "MessageRef",
@@ -62,6 +63,78 @@ MessageRef = dict[str, str]
 class Verdict(StrEnum):
     APPROVE = "approve"
     REJECT = "reject"
+
+
+GRANT_SCOPES = ("session", "agent")
+_SCOPE_WORDS = {"session": "this session", "agent": "this agent"}
+MAX_GRANT_FIELDS = 20
+"""``same`` fields a grant may hold equal at most (a card carries them in a button's value)."""
+
+
+def duration_text(seconds: int) -> str:
+    """``90`` → ``1m 30s``, ``3600`` → ``1h``, ``93600`` → ``1d 2h``: how long, in two units at most."""
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return " ".join(parts[:2]) or "0s"
+
+
+@dataclass(frozen=True, slots=True)
+class GrantChoice:
+    """A grant an approver may give instead of approving the one call: later calls of the same
+    tool by the same agent (``scope`` ``agent``) or in the same session (``session``) are
+    allowed without asking for ``seconds``, while the argument fields ``same`` equal the
+    approved call's."""
+
+    scope: str
+    seconds: int
+    same: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.scope not in GRANT_SCOPES:
+            raise ValueError(f"grant scope {self.scope!r} is not one of {', '.join(GRANT_SCOPES)}")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, int) or self.seconds <= 0:
+            raise ValueError("a grant lasts a positive whole number of seconds")
+        if len(self.same) > MAX_GRANT_FIELDS or not all(
+            isinstance(f, str) and f and _storable(f) for f in self.same
+        ):
+            raise ValueError(f"a grant holds at most {MAX_GRANT_FIELDS} named argument fields equal")
+        # One spelling per grant: the fields in order, each once.
+        object.__setattr__(self, "same", tuple(sorted(set(self.same))))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scope": self.scope, "seconds": self.seconds, "same": list(self.same)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> GrantChoice:
+        """The grant ``data`` describes (as :meth:`as_dict` wrote it); ``ValueError`` if it is not one."""
+        if not isinstance(data, Mapping) or set(data) - {"scope", "seconds", "same"}:
+            raise ValueError("a grant is an object of scope, seconds and same")
+        scope, seconds, same = data.get("scope"), data.get("seconds"), data.get("same", [])
+        if not isinstance(scope, str) or not isinstance(seconds, int):
+            raise ValueError("a grant names its scope and how many seconds it lasts")
+        if not isinstance(same, list | tuple):
+            raise ValueError("a grant's same is a list of argument fields")
+        return cls(scope=scope, seconds=seconds, same=tuple(same))
+
+    @property
+    def where(self) -> str:
+        """``this session`` or ``this agent``."""
+        return _SCOPE_WORDS[self.scope]
+
+    def label(self) -> str:
+        """The choice as a button says it: ``Approve for this session (1h)``."""
+        return f"Approve for {self.where} ({duration_text(self.seconds)})"
+
+    def explain(self, agent: str, tool: str) -> str:
+        """What giving it allows, in one sentence."""
+        who = f"{agent} in this session" if self.scope == "session" else agent
+        text = f"For {duration_text(self.seconds)}, {who} may run {tool} again without asking"
+        if self.same:
+            text += f" while {', '.join(self.same)} stay{'s' if len(self.same) == 1 else ''} the same"
+        return text + "."
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +186,26 @@ class Card:
     gates: tuple[GateProgress, ...] = ()
     """Every gate the request needs, when it needs several; ``quorum``, ``approvers`` and
     ``approvals`` above are then those of the gates decided on this card."""
+    grants: tuple[GrantChoice, ...] = ()
+    """Pending: the grants an approver may choose on this card beside approving once."""
+    granted: GrantChoice | None = None
+    """Approved: the grant given with the approval (``None``: approved once)."""
+    granted_until: datetime | None = None
+    """When that grant expires."""
 
     @property
     def is_pending(self) -> bool:
         return self.status == "pending"
+
+    @property
+    def approved_how(self) -> str:
+        """What an approval authorized, for the decided card: ``once``, or ``for this session
+        until 2024-05-01 11:32 UTC``."""
+        if self.granted is None:
+            return "once"
+        until = self.granted_until
+        when = until.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if until else ""
+        return f"for {self.granted.where}" + (f" until {when}" if when else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +225,8 @@ class Click:
     """The conversation the clicked card is in (a Slack channel id, a Feishu chat id), as the
     platform says; ``None`` when it does not (a click in Slack's Home tab). A click counts
     only in the conversation its card was posted to."""
+    grant: GrantChoice | None = None
+    """An approval that gives this grant (the server checks that the gate offers it)."""
 
     def __post_init__(self) -> None:
         # Everything here is stored (votes, audit events); text no database can hold would

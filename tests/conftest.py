@@ -26,6 +26,7 @@ from signoff.channels.fake import FakeChannel
 PG_URL = os.environ.get("SIGNOFF_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/signoff_test")
 ADMIN_TOKEN = "test-admin-token-0123456789"
 TABLES = [
+    "approval_grant",
     "vote",
     "delivery",
     "audit_event",

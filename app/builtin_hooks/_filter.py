@@ -36,7 +36,10 @@ def parse_duration(value: str | int | float | timedelta) -> timedelta:
         seconds = float(int(m.group(1)) * _UNITS[m.group(2)])
     if seconds <= 0:
         raise ValueError("a duration must be positive")
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"{value!r} is too long a duration") from None
 
 
 def result_text(result: Any) -> str:

@@ -16,12 +16,60 @@ from functools import cached_property
 from typing import Any, Literal
 
 import cel
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
+from signoff.channels import GrantChoice
+from signoff.channels._contract import MAX_GRANT_FIELDS
 from signoff.hooks._contract import HookContext, HookResult
 
-__all__ = ["ConfirmationGate", "parse_duration"]
+__all__ = ["MAX_GRANTS", "ConfirmationGate", "GrantOffer", "parse_duration"]
+
+MAX_GRANTS = 4
+"""Grants one gate may offer (each is a button on the card beside "Approve once")."""
+MAX_FIELD_CHARS = 100
+
+
+class GrantOffer(BaseModel):
+    """One grant a gate offers its approvers (``grants: [{scope: session, for: 1h, same: [to]}]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    scope: Literal["session", "agent"]
+    """``session``: later calls in the same session; ``agent``: any later call of the agent."""
+    for_: timedelta = Field(alias="for")
+    """How long the grant lasts from the approval."""
+    same: tuple[str, ...] = ()
+    """Top-level argument fields that must equal the approved call's."""
+
+    @field_validator("for_", mode="before")
+    @classmethod
+    def _parse_for(cls, value: Any) -> timedelta:
+        duration = parse_duration(value)
+        if duration.total_seconds() != int(duration.total_seconds()):
+            raise ValueError("a grant lasts a whole number of seconds")
+        return duration
+
+    @field_validator("same")
+    @classmethod
+    def _check_same(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) > MAX_GRANT_FIELDS:
+            raise ValueError(f"at most {MAX_GRANT_FIELDS} fields")
+        for name in value:
+            if not name.strip() or len(name) > MAX_FIELD_CHARS or "\x00" in name:
+                raise ValueError(
+                    f"{name!r} is not an argument field name (1 to {MAX_FIELD_CHARS} characters)"
+                )
+        repeated = sorted({n for n in value if value.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} named more than once")
+        return value
+
+    @property
+    def choice(self) -> GrantChoice:
+        """The offer as channels and votes carry it."""
+        return GrantChoice(self.scope, int(self.for_.total_seconds()), self.same)
+
 
 _VARIABLES: dict[str, Callable[[HookContext], Any]] = {
     "args": lambda ctx: dict(ctx.arguments),
@@ -51,8 +99,13 @@ class ConfirmationGate(ToolFilter):
     allow_self_approval: bool = False
     require_reject_reason: bool = False
     priority: int = 100
+    approval_valid_for: timedelta = timedelta(minutes=10)
+    """How long after the decision an approval still allows its call (until the call is
+    reported executed): a replay of the call's idempotency key after that is denied."""
+    grants: tuple[GrantOffer, ...] = ()
+    """What an approver may choose beside approving the one call (see :class:`GrantOffer`)."""
 
-    @field_validator("timeout", mode="before")
+    @field_validator("timeout", "approval_valid_for", mode="before")
     @classmethod
     def _parse_timeout(cls, value: Any) -> timedelta:
         return parse_duration(value)
@@ -60,6 +113,24 @@ class ConfirmationGate(ToolFilter):
     @property
     def time_limit(self) -> float | None:
         return None
+
+    @field_validator("grants", mode="before")
+    @classmethod
+    def _grant_list(cls, value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise ValueError("a list of grants, such as [{scope: session, for: 1h, same: [to]}]")
+        if len(value) > MAX_GRANTS:
+            raise ValueError(f"a gate offers at most {MAX_GRANTS} grants (each is a button on the card)")
+        return value
+
+    @field_validator("grants")
+    @classmethod
+    def _distinct_grants(cls, value: tuple[GrantOffer, ...]) -> tuple[GrantOffer, ...]:
+        choices = [offer.choice for offer in value]
+        for i, choice in enumerate(choices):
+            if choice in choices[:i]:
+                raise ValueError(f"grants[{i}] offers the same grant as grants[{choices.index(choice)}]")
+        return value
 
     @field_validator("when")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.datastructures import FormData
 
@@ -10,7 +12,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.console.auth import Flash, SignedIn
 from signoff.app.console.pages import plausible_id
 from signoff.app.operators import decide
-from signoff.channels import MAX_REASON_CHARS, Verdict
+from signoff.channels import MAX_REASON_CHARS, GrantChoice, Verdict
 
 __all__ = ["decide_from_form"]
 
@@ -33,6 +35,13 @@ async def decide_from_form(
     text = without_unstorable(reason).strip() if isinstance(reason, str) else ""
     if len(text) > MAX_REASON_CHARS:
         return Flash(False, f"The reason is too long (at most {MAX_REASON_CHARS} characters).")
+    grant: GrantChoice | None = None
+    chosen = form.get("grant")
+    if verdict == Verdict.APPROVE.value and isinstance(chosen, str) and chosen.strip():
+        try:
+            grant = GrantChoice.from_dict(json.loads(chosen))
+        except (ValueError, RecursionError):
+            return Flash(False, "That grant is not one this request offers.")
     result = await decide(
         session,
         request_id,
@@ -40,6 +49,7 @@ async def decide_from_form(
         operator=who.person,
         config=config,
         reason=text or None,
+        grant=grant,
         via="console",
     )
     if result is None:

@@ -11,20 +11,20 @@ from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import queries
+from signoff.app import grants, queries
 from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import duration, summarize, time_left
 from signoff.app.eligibility import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Status, Vote
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote
 from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
 from signoff.app.state_machine import EXPIRY, get_request
 from signoff.app.votes import votes_for
-from signoff.channels import Verdict
+from signoff.channels import GrantChoice, Verdict
 
 __all__ = [
     "AuditView",
@@ -201,6 +201,10 @@ class RequestView:
     deliveries: list[Delivery]
     hint: str | None
     """Why the signed-in operator's vote would be refused, when that is plain in advance."""
+    offers: list[GrantChoice]
+    """Pending: the grants an approval here may give beside approving once."""
+    given: list[Grant]
+    """Approved: the grants the approval gave."""
 
     @property
     def pending(self) -> bool:
@@ -241,6 +245,11 @@ async def request_view(
     votes = await votes_for(session, request_id)
     trail = await queries.request_trail(session, request_id)
     approvals = sum(1 for v in votes if v.verdict == Verdict.APPROVE)
+    gates = gates_of(req)
+    offers = [o for o in grants.offers_of(gates[0]) if all(o in grants.offers_of(g) for g in gates)]
+    given = (
+        (await grants.grants_by_request(session, [req.id]))[req.id] if req.status == Status.APPROVED else []
+    )
     return RequestView(
         req=req,
         row=row_of(req, approvals, config, now),
@@ -250,6 +259,10 @@ async def request_view(
         trail=trail,
         deliveries=await queries.deliveries_for(session, request_id),
         hint=_hint(req, person, votes, config) if req.status == Status.PENDING else None,
+        offers=[o for o in offers if o.scope != "session" or req.session_id]
+        if req.status == Status.PENDING
+        else [],
+        given=given,
     )
 
 

@@ -11,6 +11,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
+from signoff.app import grants
 from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
 from signoff.app.console import auth, pages
@@ -232,6 +233,55 @@ async def decide_request(
     if flash is None:
         return _not_found(request, who, request_id)
     response = _see_other(f"/ui/requests/{quote(request_id, safe='')}")
+    auth.set_flash(response, request, flash)
+    return response
+
+
+# --- grants --------------------------------------------------------------------------------------
+
+
+@router.get("/grants")
+async def show_grants(
+    request: Request,
+    who: SignedInDep,
+    session: ReadsDep,
+    all_: Annotated[str, Query(alias="all", max_length=1)] = "",
+) -> Response:
+    """Active grants (who can still act without asking), or every grant with ``?all=1``."""
+    now = utcnow()
+    active = all_ != "1"
+    rows = await grants.list_grants(session, active=True if active else None, now=now)
+    response = page(
+        request,
+        "grants.html",
+        {
+            "who": who,
+            "nav": "grants",
+            "grants": rows,
+            "active": active,
+            "now": now,
+            "flash": auth.read_flash(request),
+        },
+    )
+    auth.forget_flash(request, response)
+    return response
+
+
+@router.post("/grants/{grant_id}/revoke")
+async def revoke_grant(
+    grant_id: str, request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+) -> Response:
+    """Revoke a grant as the signed-in operator (audited)."""
+    grant, revoked = (None, False)
+    if pages.plausible_id(grant_id):
+        grant, revoked = await grants.revoke(session, grant_id, actor=Actor("web", who.operator, who.name))
+    if grant is None:
+        flash = Flash(False, f"There is no grant {grant_id!r}.")
+    elif revoked:
+        flash = Flash(True, f"Grant {grant_id} is revoked: from the next call on it allows nothing.")
+    else:
+        flash = Flash(False, f"Grant {grant_id} was already revoked by {grant.revoked_by}.")
+    response = _see_other("/ui/grants")
     auth.set_flash(response, request, flash)
     return response
 

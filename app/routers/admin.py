@@ -9,12 +9,12 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import queries, switches
+from signoff.app import grants, queries, switches
 from signoff.app.audit import Actor
-from signoff.app.bodies import StrictJSONRoute
+from signoff.app.bodies import StrictJSONRoute, storable
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.models import Status, utcnow
-from signoff.app.operators import decide
+from signoff.app.operators import decide, resolve_grant
 from signoff.app.queries import RequestFilter
 from signoff.app.replicas import live_replicas
 from signoff.app.schemas import (
@@ -22,6 +22,7 @@ from signoff.app.schemas import (
     AuditEventOut,
     AuditVerifyOut,
     DecisionIn,
+    GrantOut,
     Problem,
     ReloadOut,
     RequestOut,
@@ -76,7 +77,21 @@ async def read_request(request_id: str, session: ReadsDep) -> AdminRequestOut:
 async def decide_request(
     request_id: str, body: DecisionIn, runtime: RuntimeDep, session: SessionDep
 ) -> AdminRequestOut | JSONResponse:
-    """Approve or reject as a named operator (a vote like any other; 409 if refused)."""
+    """Approve or reject as a named operator (a vote like any other; 409 if refused).
+
+    ``grant``: approve with one of the grants the request's gates offer instead of approving
+    once; a grant they do not offer is refused (409) and nothing changes."""
+    grant = None
+    if body.grant is not None:
+        seconds = int(body.grant.for_.total_seconds())
+        found = await resolve_grant(
+            session, request_id, scope=body.grant.scope, seconds=seconds, same=body.grant.same
+        )
+        if found is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
+        if isinstance(found, str):
+            return JSONResponse({"detail": found}, status.HTTP_409_CONFLICT)
+        grant = found
     result = await decide(
         session,
         request_id,
@@ -84,6 +99,7 @@ async def decide_request(
         operator=body.operator,
         config=runtime.config,
         reason=body.reason,
+        grant=grant,
         via="api",
     )
     if result is None:
@@ -93,6 +109,44 @@ async def decide_request(
         return JSONResponse({"detail": result.message}, status.HTTP_409_CONFLICT)
     # The trail as this unit of work leaves it, which commits before the answer is sent.
     return await _admin_view(session, request_id)
+
+
+@router.get("/grants", response_model=list[GrantOut], responses=ERRORS)
+async def list_grants(
+    session: ReadsDep,
+    active: bool | None = None,
+    agent: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[GrantOut]:
+    """Grants newest first: who may still act without asking (``active=true``), or every one."""
+    now = utcnow()
+    rows = await grants.list_grants(session, active=active, agent=agent, now=now, limit=limit)
+    return [GrantOut.of(g, now) for g in rows]
+
+
+@router.delete("/grants/{grant_id}", response_model=GrantOut, responses={**ERRORS, 409: {"model": Problem}})
+async def revoke_grant(
+    grant_id: Annotated[str, Path(max_length=64)],
+    session: SessionDep,
+    operator: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+) -> GrantOut | JSONResponse:
+    """Revoke a grant (audited): from the next call on, on every replica, it allows nothing."""
+    if operator is not None and not storable(operator):
+        raise HTTPException(422, "operator must not contain NUL characters or lone surrogates")
+    if not storable(grant_id):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no grant {grant_id!r}")
+    now = utcnow()
+    actor = Actor("api", operator, operator) if operator else Actor("api", None, "operator API")
+    grant, revoked = await grants.revoke(session, grant_id, actor=actor, now=now)
+    if grant is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no grant {grant_id!r}")
+    if not revoked:
+        when = grant.revoked_at.strftime("%Y-%m-%d %H:%M:%S UTC") if grant.revoked_at else "?"
+        return JSONResponse(
+            {"detail": f"grant {grant_id} was already revoked at {when} by {grant.revoked_by}"},
+            status.HTTP_409_CONFLICT,
+        )
+    return GrantOut.of(grant, now)
 
 
 @router.get("/audit", response_model=list[AuditEventOut], responses=ERRORS)

@@ -33,8 +33,10 @@ from signoff.app.deps import (
 )
 from signoff.app.eligibility import gates_of
 from signoff.app.hook_services import ServerHookServices
+from signoff.app.intake import Approvals
 from signoff.app.metrics import GATE_CALLS
 from signoff.app.models import ConfirmationRequest, Status
+from signoff.app.queries import request_out
 from signoff.app.runtime import Runtime
 from signoff.app.schemas import (
     DecisionOut,
@@ -48,6 +50,7 @@ from signoff.app.schemas import (
     ToolCallIn,
     Unprocessable,
 )
+from signoff.app.single_use import record_executed
 from signoff.app.state_machine import TERMINAL, get_request, transition
 from signoff.app.votes import votes_for
 from signoff.hooks import Decision, HookContext, HookRegistry, HookResult
@@ -251,6 +254,7 @@ async def run_pre_tool_use(
         request_id=result.request_id,
         request=request,
         modified_arguments=dict(result.modified_arguments) if result.modified_arguments is not None else None,
+        grant_id=services.grant_id if result.decision is Decision.ALLOW else None,
     )
 
 
@@ -315,11 +319,25 @@ async def _run_hooks(
     if registry is None:
         return None
     services = ServerHookServices(session, runtime, agent)
-    result = await _RUN[point](registry, _context(agent, body, services))
+    ctx = _context(agent, body, services)
+    if point == "post_tool_use":
+        # The call ran: the approval it ran under (if any) allows nothing more.
+        await record_executed(
+            session,
+            runtime.reads,
+            agent_id=agent,
+            key=Approvals.idempotency_key(ctx),
+            tool_name=ctx.tool_name,
+            arguments=ctx.arguments,
+            redact=services.redact,
+        )
+    result = await _RUN[point](registry, ctx)
     if (late := await services.settle()) is not None:
         # The gate timed out while its request was being written, and the write went through:
         # the request is the answer (see ServerHookServices.request_approval).
         result = replace(late, modified_arguments=result.modified_arguments)
+    if point == "pre_tool_use":
+        result = await services.conclude(ctx, result)
     made = services.approvals.request
     gate_name = gates_of(made)[0].name if made is not None else ""
     _gate_calls(point, agent, gate_name, result.decision.value).inc()
@@ -339,7 +357,7 @@ def _context(agent: str, body: ToolCallIn | SessionStartIn, services: ServerHook
         user_id=body.user_id,
         session_id=body.session_id,
         tool_call_id=call.tool_call_id if call else None,
-        idempotency_key=body.idempotency_key if isinstance(body, PreToolUseIn) else None,
+        idempotency_key=call.idempotency_key if call else None,
         metadata=metadata,
         result=body.result if isinstance(body, PostToolUseIn) else None,
         services=services,
@@ -377,7 +395,7 @@ async def _own(runtime: Runtime, agent: str, request_id: str) -> RequestOut:
         req = await get_request(session, request_id)
         if req is None or req.agent_id != agent:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r} for agent {agent!r}")
-        return RequestOut.of(req, await votes_for(session, request_id))
+        return await request_out(session, req)
 
 
 @router.get("/requests/{request_id}", response_model=RequestOut, responses=ERRORS)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from signoff.channels._contract import Card, Person, Verdict
+from signoff.channels._contract import Card, GrantChoice, Person, Verdict
 from signoff.channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD
 
 __all__ = ["MAX_ARGUMENTS_CHARS", "ToastType", "callback_body", "render_card"]
@@ -90,6 +90,9 @@ def _details(card: Card) -> str:
 
 def _outcome(card: Card) -> str:
     lines = []
+    if card.status == "approved":
+        by = f" by {_cut(card.decided_by.name)}" if card.decided_by is not None else ""
+        lines.append(f"Approved {card.approved_how}{by}")
     if card.decided_by is not None:
         lines.append(f"Decided by: {_cut(card.decided_by.name)}")
     if card.decided_at is not None:
@@ -101,15 +104,32 @@ def _outcome(card: Card) -> str:
     return "\n".join(lines)
 
 
-def _value(card: Card, verdict: Verdict) -> dict[str, str]:
-    return {"request_id": card.request_id, "verdict": verdict.value}
+def _value(card: Card, verdict: Verdict, grant: GrantChoice | None = None) -> dict[str, Any]:
+    value: dict[str, Any] = {"request_id": card.request_id, "verdict": verdict.value}
+    if grant is not None:
+        value["grant"] = grant.as_dict()
+    return value
+
+
+def _grant_button(card: Card, index: int, grant: GrantChoice) -> dict[str, Any]:
+    return {
+        "tag": "button",
+        "name": f"grant_{index}",
+        "text": _plain(_cut(grant.label(), 60)),
+        "type": "default",
+        "confirm": {
+            "title": _plain(f"Approve for {grant.where}?"),
+            "text": _plain(_cut(grant.explain(_cut(card.agent_id, 60), _cut(card.tool_name, 60)), 300)),
+        },
+        "behaviors": [{"type": "callback", "value": _value(card, Verdict.APPROVE, grant)}],
+    }
 
 
 def _buttons(card: Card) -> list[dict[str, Any]]:
     approve = {
         "tag": "button",
         "name": "approve",
-        "text": _plain("Approve"),
+        "text": _plain("Approve once" if card.grants else "Approve"),
         "type": "primary",
         "confirm": {
             "title": _plain("Approve this call?"),
@@ -139,17 +159,19 @@ def _buttons(card: Card) -> list[dict[str, Any]]:
             },
         ],
     }
-    return [approve, reject_form]
+    grants = [_grant_button(card, i, grant) for i, grant in enumerate(card.grants)]
+    return [approve, *grants, reject_form]
 
 
 def render_card(card: Card) -> dict[str, Any]:
     """The card JSON 2.0 for ``card`` as it stands now.
 
     Pending: what the agent wants to do, for whom, until when, who may approve and
-    how many approvals are in; an Approve button and a rejection form (reason
-    input + Reject submit). Each callback ``value`` is an object naming the request
-    and the verdict. Decided, expired or cancelled: the outcome, who decided, when
-    and why, and no buttons left.
+    how many approvals are in; an Approve button (with a button per grant the gate
+    offers beside it) and a rejection form (reason input + Reject submit). Each
+    callback ``value`` is an object naming the request and the verdict (and the
+    grant). Decided, expired or cancelled: the outcome (approved once, or with which
+    grant until when), who decided, when and why, and no buttons left.
     """
     title, colour = _HEADERS.get(card.status, (card.status.capitalize(), "grey"))
     elements: list[dict[str, Any]] = [

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from signoff.channels._contract import CallbackRejected, Click, Identity, Verdict
+from signoff.channels._contract import CallbackRejected, Click, GrantChoice, Identity, Verdict
 
 __all__ = ["IDENTITY", "MAX_REASON_CHARS", "REASON_FIELD", "parse_click"]
 
@@ -31,7 +31,7 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _button_value(action: Mapping[str, Any]) -> tuple[str, Verdict]:
+def _button_value(action: Mapping[str, Any]) -> tuple[str, Verdict, GrantChoice | None]:
     value = action.get("value")
     if isinstance(value, str):
         # Legacy callbacks may carry the value as a JSON string.
@@ -46,7 +46,16 @@ def _button_value(action: Mapping[str, Any]) -> tuple[str, Verdict]:
     verdict = value.get("verdict")
     if not isinstance(verdict, str) or verdict not in _VERDICTS:
         raise _unparseable("action value has no known verdict")
-    return request_id, Verdict(verdict)
+    grant = None
+    if "grant" in value:
+        # Drawn by this app only on approvals; anything else is not one of its buttons.
+        try:
+            grant = GrantChoice.from_dict(value["grant"])
+        except ValueError:
+            raise _unparseable("action value names no grant") from None
+        if verdict != Verdict.APPROVE.value:
+            raise _unparseable("a grant is given with an approval")
+    return request_id, Verdict(verdict), grant
 
 
 def _reason(action: Mapping[str, Any]) -> str | None:
@@ -92,7 +101,7 @@ def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
     open_id = _text(operator.get("open_id"))
     if open_id is None:
         raise _unparseable("click without an operator open_id")
-    request_id, verdict = _button_value(action)
+    request_id, verdict, grant = _button_value(action)
     event_id = _text(header.get("event_id"))
     return Click(
         request_id=request_id,
@@ -109,4 +118,5 @@ def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
             open_message_id=context.get("open_message_id"),
         ),
         conversation=_text(context.get("open_chat_id")),
+        grant=grant,
     )

@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 from signoff.channels._contract import Identity
 from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
+    ACTION_GRANT,
     ACTION_REJECT,
     REASON_ACTION_ID,
     REASON_BLOCK_ID,
     REJECT_MODAL_CALLBACK_ID,
+    grant_value,
     render_card,
     render_reject_modal,
 )
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTION_APPROVE",
+    "ACTION_GRANT",
     "ACTION_REJECT",
     "IDENTITY",
     "MAX_BODY_BYTES",
@@ -49,6 +52,7 @@ __all__ = [
     "click_from_block_actions",
     "click_from_view_submission",
     "create",
+    "grant_value",
     "parse_payload",
     "render_card",
     "render_reject_modal",

@@ -8,22 +8,27 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.channels._contract import MAX_REASON_CHARS, Card, GateProgress, Person
+from signoff.channels._contract import MAX_REASON_CHARS, Card, GateProgress, GrantChoice, Person
 
 __all__ = [
     "ACTION_APPROVE",
+    "ACTION_GRANT",
     "ACTION_REJECT",
     "MAX_REASON_CHARS",
     "REASON_ACTION_ID",
     "REASON_BLOCK_ID",
     "REJECT_MODAL_CALLBACK_ID",
     "escape_mrkdwn",
+    "grant_value",
     "reason_required_by",
     "render_card",
     "render_reject_modal",
 ]
 
 ACTION_APPROVE = "signoff_approve"
+ACTION_GRANT = "signoff_grant"
+"""Prefix of the action ids of the grant buttons (``signoff_grant.0``, …): an approval that
+gives the grant named in the button's value."""
 ACTION_REJECT = "signoff_reject"
 REJECT_MODAL_CALLBACK_ID = "signoff_reject_reason"
 REASON_BLOCK_ID = "signoff_reason"
@@ -37,6 +42,9 @@ _SECTION_TEXT_LIMIT = 3000
 _FIELD_LIMIT = 2000
 _CONTEXT_TEXT_LIMIT = 3000
 _CONFIRM_TEXT_LIMIT = 300
+_CONFIRM_TITLE_LIMIT = 100
+_BUTTON_TEXT_LIMIT = 75
+_VALUE_LIMIT = 2000
 _NAME_LIMIT = 200
 
 # The actions block id carries whether a rejection needs a reason, so the modal
@@ -58,8 +66,11 @@ def render_card(card: Card) -> tuple[str, list[dict[str, Any]]]:
     """Draw ``card`` as ``(text, blocks)`` for ``chat.postMessage`` / ``chat.update``.
 
     ``text`` is the notification and screen-reader fallback. A pending card ends
-    with Approve / Reject buttons whose ``value`` is the request id; any other
-    status shows the outcome, who decided, when and why, and has no buttons.
+    with Approve / Reject buttons whose ``value`` is the request id, and, when the
+    gate offers grants, a button per grant beside "Approve once" (its ``value``
+    names the request and the grant; a confirmation dialog says what it allows);
+    any other status shows the outcome (approved once, or with which grant until
+    when), who decided, when and why, and has no buttons.
     Every user-supplied string is escaped, so arguments cannot mention
     ``@channel`` or forge links, and clipped to Block Kit's limits.
     """
@@ -223,9 +234,14 @@ def _arguments(card: Card) -> str:
 
 
 def _outcome(card: Card, icon: str, word: str) -> str:
-    line = f"{icon} *{word}*"
+    approved = card.status == "approved"
+    line = f"{icon} *{word}{' once' if approved and card.granted is None else ''}*"
     if card.decided_by is not None:
         line += f" by {_person(card.decided_by)}"
+    if approved and card.granted is not None:
+        line += f" *for {card.granted.where}*"
+        if card.granted_until is not None:
+            line += f" until {_date(card.granted_until)}"
     if card.decided_at is not None:
         line += f" · {_date(card.decided_at)}"
     if card.reason:
@@ -244,6 +260,11 @@ def _context(card: Card) -> str:
 def _actions(card: Card, version: str, agent: str, tool: str) -> dict[str, Any]:
     prefix = _ACTIONS_REASON_PREFIX if card.require_reject_reason else _ACTIONS_PREFIX
     confirm_text = f"{agent} will not be allowed to run {tool}. You can give a reason next."
+    grants = [
+        (offer, value)
+        for offer in card.grants
+        if len(value := grant_value(card.request_id, offer)) <= _VALUE_LIMIT
+    ]
     return {
         "type": "actions",
         "block_id": prefix + version,
@@ -253,8 +274,13 @@ def _actions(card: Card, version: str, agent: str, tool: str) -> dict[str, Any]:
                 "action_id": ACTION_APPROVE,
                 "style": "primary",
                 "value": card.request_id,
-                "text": {"type": "plain_text", "text": "Approve", "emoji": True},
+                "text": {
+                    "type": "plain_text",
+                    "text": "Approve once" if grants else "Approve",
+                    "emoji": True,
+                },
             },
+            *(_grant_button(card, i, offer, value) for i, (offer, value) in enumerate(grants)),
             {
                 "type": "button",
                 "action_id": ACTION_REJECT,
@@ -270,6 +296,30 @@ def _actions(card: Card, version: str, agent: str, tool: str) -> dict[str, Any]:
                 },
             },
         ],
+    }
+
+
+def grant_value(request_id: str, offer: GrantChoice) -> str:
+    """A grant button's ``value``: the request and the grant, as compact JSON."""
+    return json.dumps({"request_id": request_id, "grant": offer.as_dict()}, separators=(",", ":"))
+
+
+def _grant_button(card: Card, index: int, offer: GrantChoice, value: str) -> dict[str, Any]:
+    explained = escape_mrkdwn(offer.explain(card.agent_id, card.tool_name))
+    return {
+        "type": "button",
+        "action_id": f"{ACTION_GRANT}.{index}",
+        "value": value,
+        "text": {"type": "plain_text", "text": _clip(offer.label(), _BUTTON_TEXT_LIMIT), "emoji": True},
+        "confirm": {
+            "title": {
+                "type": "plain_text",
+                "text": _clip(f"Approve for {offer.where}?", _CONFIRM_TITLE_LIMIT),
+            },
+            "text": {"type": "mrkdwn", "text": _clip(explained, _CONFIRM_TEXT_LIMIT)},
+            "confirm": {"type": "plain_text", "text": "Approve"},
+            "deny": {"type": "plain_text", "text": "Cancel"},
+        },
     }
 
 

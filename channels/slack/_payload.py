@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from signoff.channels._contract import CallbackRejected, Click, Verdict
+from signoff.channels._contract import CallbackRejected, Click, GrantChoice, Verdict
 from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
+    ACTION_GRANT,
     ACTION_REJECT,
     REASON_ACTION_ID,
     REASON_BLOCK_ID,
@@ -102,8 +103,27 @@ def parse_payload(body: bytes) -> dict[str, Any]:
     return data
 
 
+def _grant_press(value: str | None) -> tuple[str, GrantChoice]:
+    """The request and the grant a grant button's ``value`` names; a value that does not name
+    both is refused (400): it was not drawn by :func:`~signoff.channels.slack._blocks.grant_value`."""
+    data = _json(value or "")
+    if not isinstance(data, Mapping):
+        raise CallbackRejected("grant button value is not an object", status_code=400)
+    request_id = _str(data, "request_id")
+    try:
+        grant = GrantChoice.from_dict(data.get("grant"))
+    except ValueError:
+        grant = None
+    if request_id is None or grant is None or set(data) != {"request_id", "grant"}:
+        raise CallbackRejected("grant button value does not name a request and a grant", status_code=400)
+    return request_id, grant
+
+
 def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
-    """The Approve or Reject press in a ``block_actions`` payload, or ``None`` if it holds none.
+    """The Approve, grant or Reject press in a ``block_actions`` payload, or ``None`` if it holds none.
+
+    A grant button (``signoff_grant.N``) is an approval that gives the grant its value names
+    (the server checks that the gate offers it); a value that names no grant is refused.
 
     The clicker's user id, team, enterprise and ``action_ts`` (and the card's
     channel and message, when the button was on a message) go into
@@ -117,8 +137,13 @@ def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
     for action in payload.get("actions") or ():
         if not isinstance(action, Mapping):
             continue
-        verdict = _VERDICTS.get(_str(action, "action_id") or "")
+        action_id = _str(action, "action_id") or ""
+        verdict = _VERDICTS.get(action_id)
         request_id = _str(action, "value")
+        grant = None
+        if action_id.startswith(ACTION_GRANT + "."):
+            verdict = Verdict.APPROVE
+            request_id, grant = _grant_press(request_id)
         if verdict is None or request_id is None:
             continue
         action_ts = _str(action, "action_ts")
@@ -135,6 +160,7 @@ def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
             event_id=f"{action_ts}:{user_id}" if action_ts else None,
             identity=identity,
             conversation=identity.get("channel_id"),
+            grant=grant,
         )
     return None
 

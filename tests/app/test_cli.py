@@ -258,7 +258,7 @@ def test_requests_approve_then_again(cli: Cli) -> None:
     rid = cli.request()
     done = cli("requests", "approve", rid, "--as", "alice", "--reason", "ok")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "Approved by Alice."
+    assert done.stdout.strip() == "Approved once by Alice."
     row = cli.row(rid)
     assert row.status == "approved"
     assert (row.decided_by_channel, row.decided_by_user_id, row.decided_by_name) == ("web", "alice", "Alice")
@@ -456,3 +456,74 @@ def test_audit_verify_notices_a_missing_middle_event(cli: Cli) -> None:
     assert done.returncode == 1
     assert "broken at event 3:" in done.stdout + done.stderr
     assert "event 2 is missing" in done.stdout + done.stderr
+
+
+# --- grants ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def granting(cli: Cli) -> Cli:
+    """The CLI with a gate on ``transfer_*`` that offers grants."""
+    raw = json.loads(json.dumps(DEFAULT_CONFIG))
+    raw["agents"]["finance-bot"]["hooks"].insert(
+        0,
+        {
+            "type": "confirmation_gate",
+            "name": "transfers",
+            "tools": ["transfer_*"],
+            "channel": "chat",
+            "approvers": ["alice", "bob"],
+            "grants": [{"scope": "agent", "for": "30m", "same": ["to"]}, {"scope": "session", "for": "1h"}],
+        },
+    )
+    cli.config_file.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    cli.config = parse_config(raw, source=str(cli.config_file))
+    return cli
+
+
+def test_approve_with_a_grant_then_list_and_revoke_it(granting: Cli) -> None:
+    cli = granting
+    rid = cli.request("transfer_funds", arguments={"to": "acme", "amount": 5})
+    done = cli("requests", "approve", rid, "--as", "alice", "--grant", "agent:30m")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Approved for this agent until ")
+    assert done.stdout.strip().endswith("by Alice.")
+    [line] = cli.ok("grants", "list").splitlines()
+    grant_id = line.split()[0]
+    assert f"{grant_id}  finance-bot  transfer_funds  agent  same=to  by Alice  until " in line
+    assert line.endswith("uses=0  active")
+    assert json.loads(cli.ok("requests", "show", rid))["grant"]["id"] == grant_id
+
+    assert cli.ok("grants", "revoke", grant_id, "--as", "bob").strip() == f"revoked grant {grant_id}"
+    assert cli.ok("grants", "list").strip() == ""
+    [line] = cli.ok("grants", "list", "--all").splitlines()
+    assert "revoked " in line
+    assert line.endswith("by bob")
+    again = cli("grants", "revoke", grant_id)
+    assert again.returncode == 1
+    assert "already revoked" in again.stderr
+    missing = cli("grants", "revoke", "nope")
+    assert missing.returncode == 1
+    assert "no grant nope" in missing.stderr
+    actions = [r[0] for r in cli.sql("SELECT action FROM audit_event ORDER BY seq")]
+    assert actions.count("grant_created") == 1
+    assert actions.count("grant_revoked") == 1
+
+
+@pytest.mark.parametrize(
+    ("grant", "error"),
+    [
+        ("agent:1h", "offer no such grant"),
+        ("session:1h", "names no session"),
+        ("agent:soon", "not a duration"),
+        ("team:1h", "the scope is session or agent"),
+    ],
+)
+def test_a_grant_the_gate_does_not_offer_is_one_error_line(granting: Cli, grant: str, error: str) -> None:
+    rid = granting.request("transfer_funds", arguments={"to": "acme"})
+    done = granting("requests", "approve", rid, "--as", "alice", "--grant", grant)
+    assert done.returncode != 0
+    assert error in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert granting.row(rid).status == "pending"
+    assert granting.sql("SELECT count(*) FROM approval_grant") == [(0,)]

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, SecretStr
 from typer.testing import CliRunner
 
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
 from signoff.app.cli import app as cli_app
 from signoff.app.config import ConfigError, SignoffConfig, load_config, parse_config
@@ -557,3 +558,104 @@ def test_config_check_real_command(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1
     assert "cannot read the file" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("gate", "problem"),
+    [
+        (
+            {"grants": [{"scope": "forever", "for": "1h"}]},
+            "grants[0].scope: Input should be 'session' or 'agent'",
+        ),
+        ({"grants": [{"scope": "session", "for": "1 hour"}]}, "grants[0].for: '1 hour' is not a duration"),
+        ({"grants": [{"scope": "session"}]}, "grants[0].for: Field required"),
+        (
+            {"grants": [{"scope": "session", "for": "1h", "same": ["to", "to"]}]},
+            "grants[0].same: to named more than once",
+        ),
+        (
+            {"grants": [{"scope": "session", "for": "1h", "same": [""]}]},
+            "grants[0].same: '' is not an argument field name",
+        ),
+        (
+            {"grants": [{"scope": "agent", "for": "1h"}, {"scope": "agent", "for": "60m"}]},
+            "grants: grants[1] offers the same grant as grants[0]",
+        ),
+        (
+            {"grants": [{"scope": "agent", "for": f"{i}h"} for i in range(1, 6)]},
+            "grants: a gate offers at most 4 grants",
+        ),
+        ({"grants": {"scope": "agent", "for": "1h"}}, "grants: a list of grants"),
+        (
+            {"grants": [{"scope": "agent", "for": "1h", "until": "x"}]},
+            "grants[0].until: Extra inputs are not permitted",
+        ),
+        ({"approval_valid_for": "soon"}, "approval_valid_for: 'soon' is not a duration"),
+    ],
+)
+def test_grant_offers_and_approval_valid_for_are_checked(gate: dict[str, Any], problem: str) -> None:
+    raw = {
+        "channels": {"chat": {"type": "fake"}},
+        "agents": {
+            "bot": {"hooks": [{"type": "confirmation_gate", "tools": ["x"], "channel": "chat", **gate}]}
+        },
+    }
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw, source="s.yaml")
+    [found] = exc.value.problems
+    assert found.startswith(f"s.yaml: agents.bot.hooks[0].{problem}"), found
+
+
+def test_a_gate_offering_grants_loads() -> None:
+    raw = {
+        "channels": {"chat": {"type": "fake"}},
+        "agents": {
+            "bot": {
+                "hooks": [
+                    {
+                        "type": "confirmation_gate",
+                        "tools": ["x"],
+                        "channel": "chat",
+                        "approval_valid_for": "5m",
+                        "grants": [
+                            {"scope": "session", "for": "1h", "same": ["to"]},
+                            {"scope": "agent", "for": 1800},
+                        ],
+                    }
+                ]
+            }
+        },
+    }
+    [gate] = parse_config(raw).agents["bot"].hooks
+    assert isinstance(gate, ConfirmationGate)
+    assert gate.approval_valid_for.total_seconds() == 300
+    assert [o.choice.as_dict() for o in gate.grants] == [
+        {"scope": "session", "seconds": 3600, "same": ["to"]},
+        {"scope": "agent", "seconds": 1800, "same": []},
+    ]
+
+
+def test_config_check_names_a_bad_grant(tmp_path: Path) -> None:
+    path = tmp_path / "signoff.yaml"
+    raw = {
+        "channels": {"chat": {"type": "fake"}},
+        "agents": {
+            "bot": {
+                "hooks": [
+                    {
+                        "type": "confirmation_gate",
+                        "tools": ["x"],
+                        "channel": "chat",
+                        "approvers": ["U0X"],
+                        "grants": [{"scope": "team", "for": "1h"}],
+                    }
+                ]
+            }
+        },
+    }
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert result.exit_code == 1
+    assert (
+        f"{path}: agents.bot.hooks[0].grants[0].scope: Input should be 'session' or 'agent'" in result.output
+    )

@@ -46,6 +46,13 @@ agents:
         tools: ["quick_*"]
         channel: ops-slack
         timeout: 1s
+      - type: confirmation_gate
+        name: transfers
+        tools: ["transfer_*"]
+        channel: ops-slack
+        approvers: [alice]
+        timeout: 30m
+        grants: [{{scope: agent, for: 1h}}]
 """
 
 
@@ -183,3 +190,74 @@ async def test_each_card_is_posted_once_and_the_sweep_expires_once(
         ).all()
     await engine.dispose()
     assert sorted(expired) == sorted(ids), "each request expired exactly once across both sweeps"
+
+
+async def test_an_approval_used_on_one_replica_allows_nothing_on_the_other(
+    replicas: tuple[str, str, str],
+) -> None:
+    a, b, key = replicas
+    agent = {"Authorization": f"Bearer {key}"}
+    call = {"tool_name": "pay_x", "arguments": {"n": 1}, "idempotency_key": "pay-x-1"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        rid = (await http.post(f"{a}/v1/hooks/pre-tool-use", json=call, headers=agent)).json()["request_id"]
+        decided = await http.post(
+            f"{a}/v1/admin/requests/{rid}/decision",
+            json={"verdict": "approve", "operator": "alice"},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+        assert decided.status_code == 200
+        assert (await http.post(f"{b}/v1/hooks/pre-tool-use", json=call, headers=agent)).json()[
+            "decision"
+        ] == "allow"
+        report = await http.post(
+            f"{b}/v1/hooks/post-tool-use", json={**call, "result": "paid"}, headers=agent
+        )
+        assert report.status_code == 200
+        replay = (await http.post(f"{a}/v1/hooks/pre-tool-use", json=call, headers=agent)).json()
+    assert replay["decision"] == "deny"
+    assert "used" in replay["reason"]
+
+
+async def test_a_grant_revoked_on_one_replica_stops_the_next_call_on_both(
+    replicas: tuple[str, str, str], pg: str
+) -> None:
+    """Calls stream to both replicas while one of them revokes the grant: every allow is one
+    counted use, and no call that starts after the revocation answered is allowed. (A call that
+    found the grant just before it was revoked is denied when its use finds the row revoked.)"""
+    a, b, key = replicas
+    agent = {"Authorization": f"Bearer {key}"}
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    call = {"tool_name": "transfer_x", "arguments": {"to": "acme"}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        rid = (await http.post(f"{a}/v1/hooks/pre-tool-use", json=call, headers=agent)).json()["request_id"]
+        decided = await http.post(
+            f"{b}/v1/admin/requests/{rid}/decision",
+            json={"verdict": "approve", "operator": "alice", "grant": {"scope": "agent", "for": "1h"}},
+            headers=admin,
+        )
+        assert decided.status_code == 200, decided.text
+        [grant] = (await http.get(f"{a}/v1/admin/grants", params={"active": "true"}, headers=admin)).json()
+
+        async def ask(url: str) -> str:
+            answer = (await http.post(f"{url}/v1/hooks/pre-tool-use", json=call, headers=agent)).json()
+            if answer["decision"] == "allow":
+                assert answer["grant_id"] == grant["id"]
+            elif answer["decision"] == "deny":
+                assert f"grant {grant['id']} ended" in answer["reason"]
+            else:
+                assert answer["decision"] == "pending", answer
+            return str(answer["decision"])
+
+        async def revoke() -> None:
+            await asyncio.sleep(0.05)
+            r = await http.delete(f"{a}/v1/admin/grants/{grant['id']}", headers=admin)
+            assert r.status_code == 200, r.text
+
+        before = await asyncio.gather(*(ask(a if i % 2 else b) for i in range(10)))
+        assert before == ["allow"] * 10
+        racing = await asyncio.gather(*(ask(a if i % 2 else b) for i in range(30)), revoke())
+        after = await asyncio.gather(*(ask(a if i % 2 else b) for i in range(10)))
+        assert after == ["pending"] * 10
+        [row] = (await http.get(f"{b}/v1/admin/grants", params={"active": "false"}, headers=admin)).json()
+    allowed = 10 + sum(1 for d in racing[:30] if d == "allow")
+    assert row["uses"] == allowed

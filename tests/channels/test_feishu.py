@@ -7,13 +7,15 @@ import base64
 import json
 import subprocess
 import sys
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from signoff.channels import CallbackRejected, InteractiveChannel, Verdict
+from signoff.channels import CallbackRejected, GrantChoice, InteractiveChannel, Verdict
 from signoff.channels.feishu import (
     MAX_ARGUMENTS_CHARS,
     CallbackKind,
@@ -653,3 +655,51 @@ async def test_legacy_click_is_answered_with_the_card_itself(fake: FakeFeishu) -
     assert reply.body is not None
     assert reply.body["schema"] == "2.0"
     assert buttons(dict(reply.body)) == []
+
+
+def test_grants_are_buttons_that_parse_back_into_the_grant() -> None:
+    grants = (GrantChoice("session", 3600, ("payee",)), GrantChoice("agent", 1800))
+    rendered = render_card(make_card(grants=grants))
+    validate_card(json.dumps(rendered))
+    labels = [b["text"]["content"] for b in buttons(rendered)]
+    assert labels == [
+        "Approve once",
+        "Approve for this session (1h)",
+        "Approve for this agent (30m)",
+        "Reject",
+    ]
+    for button, grant in zip(buttons(rendered)[1:3], grants, strict=True):
+        assert button["confirm"]["title"]["content"].startswith("Approve for this")
+        [behavior] = button["behaviors"]
+        payload = card_action("req-1", "approve")
+        payload["event"]["action"]["value"] = behavior["value"]
+        click = parse_click(payload)
+        assert (click.verdict, click.grant) == (Verdict.APPROVE, grant)
+
+
+@pytest.mark.parametrize(
+    "grant",
+    [
+        "agent:1d",
+        {"scope": "agent"},
+        {"scope": "agent", "seconds": "60", "same": []},
+        {"scope": "x", "seconds": 60},
+    ],
+)
+def test_a_value_naming_no_grant_is_refused(grant: Any) -> None:
+    payload = card_action("req-1", "approve")
+    payload["event"]["action"]["value"]["grant"] = grant
+    with pytest.raises(CallbackRejected) as refused:
+        parse_click(payload)
+    assert refused.value.status_code == 400
+
+
+def test_a_card_approved_with_a_grant_says_for_what_until_when() -> None:
+    card = replace(
+        decided(make_card()),
+        granted=GrantChoice("session", 3600),
+        granted_until=datetime(2024, 5, 1, 10, 35, tzinfo=UTC),
+    )
+    text = json.dumps(render_card(card))
+    assert "Approved for this session until 2024-05-01 10:35 UTC by Alice" in text
+    assert "Approved once by Alice" in json.dumps(render_card(decided(make_card())))

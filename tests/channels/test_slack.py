@@ -152,7 +152,7 @@ async def test_update_after_a_decision_leaves_no_buttons(
 
     message = fake_slack.messages[(ref["channel"], ref["ts"])]
     assert not any(b["type"] == "actions" for b in message["blocks"])
-    assert "✅ *Approved* by <@U0ANA>" in json.dumps(message["blocks"], ensure_ascii=False)
+    assert "✅ *Approved once* by <@U0ANA>" in json.dumps(message["blocks"], ensure_ascii=False)
     assert message["text"].startswith("Approved:")
 
 

@@ -5,23 +5,24 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
-from signoff.channels import Person
+from signoff.channels import GrantChoice, Person, Verdict
 from signoff.channels.slack import (
     ACTION_APPROVE,
     ACTION_REJECT,
     REASON_BLOCK_ID,
+    click_from_block_actions,
     render_card,
     render_reject_modal,
 )
 from signoff.channels.slack._blocks import reason_required_by
-from tests.channels.slack_support import NOW, card, decided
+from tests.channels.slack_support import CREATED, NOW, button_payload, card, decided
 
 
 def valid(blocks: list[dict[str, Any]]) -> None:
@@ -81,7 +82,8 @@ def test_decided_card_has_outcome_and_no_buttons(status: str, icon: str, word: s
     assert text == f"{word}: deploy-bot wanted to run shell.exec (by Ana)"
     outcome = of_type(blocks, "section")[2]["text"]["text"]
     decided_at = NOW + 5 * 60
-    assert outcome.startswith(f"{icon} *{word}* by <@U0ANA> · <!date^{decided_at}^")
+    how = " once" if status == "approved" else ""  # what an approval authorized
+    assert outcome.startswith(f"{icon} *{word}{how}* by <@U0ANA> · <!date^{decided_at}^")
     assert outcome.endswith("\n*Reason:* too risky on a Friday")
     assert blocks[0]["text"]["text"] == f"{icon} {word}: shell.exec"
     # Slack asks for fresh block ids each time a message is updated.
@@ -209,3 +211,59 @@ def test_reject_modal(required: bool) -> None:
     [reason] = [b for b in view["blocks"] if b.get("block_id") == REASON_BLOCK_ID]
     assert reason["optional"] is not required
     assert reason["element"]["type"] == "plain_text_input"
+
+
+GRANTS = (GrantChoice("session", 3600, ("to",)), GrantChoice("agent", 1800))
+
+
+def test_grants_are_buttons_beside_approve_once_each_with_a_confirmation() -> None:
+    _, blocks = render_card(replace(card(), grants=GRANTS))
+
+    valid(blocks)
+    [actions] = of_type(blocks, "actions")
+    labels = [e["text"]["text"] for e in actions["elements"]]
+    assert labels == [
+        "Approve once",
+        "Approve for this session (1h)",
+        "Approve for this agent (30m)",
+        "Reject",
+    ]
+    session, agent = actions["elements"][1:3]
+    assert session["action_id"] != agent["action_id"]
+    assert json.loads(session["value"]) == {"request_id": "req-1", "grant": GRANTS[0].as_dict()}
+    assert session["confirm"]["title"]["text"] == "Approve for this session?"
+    assert session["confirm"]["text"]["text"] == (
+        "For 1h, deploy-bot in this session may run shell.exec again without asking while to stays the same."
+    )
+    # A press of each button parses back into the approval with that grant.
+    for element, grant in zip((session, agent), GRANTS, strict=True):
+        payload = button_payload(element["action_id"], request_id=element["value"])
+        click = click_from_block_actions(payload)
+        assert click is not None
+        assert (click.request_id, click.verdict, click.grant) == ("req-1", Verdict.APPROVE, grant)
+
+
+def test_grant_text_cannot_ping_and_an_oversized_grant_is_left_off() -> None:
+    hostile = GrantChoice("session", 60, ("<!channel>", "x" * 100))
+    huge = GrantChoice("agent", 60, tuple(f"{i:03d}" + "f" * 96 for i in range(20)))
+    _, blocks = render_card(replace(card(), agent_id="<!here>", grants=(hostile, huge)))
+
+    valid(blocks)
+    [actions] = of_type(blocks, "actions")
+    assert len(actions["elements"]) == 3  # the grant whose value would pass 2000 characters is not offered
+    text = actions["elements"][1]["confirm"]["text"]["text"]
+    assert "<!" not in text
+    assert "&lt;!here&gt;" in text
+
+
+def test_a_card_approved_with_a_grant_says_for_what_until_when() -> None:
+    approved = replace(
+        decided(card(), "approved"), granted=GRANTS[0], granted_until=CREATED + timedelta(minutes=65)
+    )
+    _, blocks = render_card(approved)
+
+    valid(blocks)
+    outcome = of_type(blocks, "section")[2]["text"]["text"]
+    until = NOW + 65 * 60
+    assert outcome.startswith(f"✅ *Approved* by <@U0ANA> *for this session* until <!date^{until}^")
+    assert "once" not in outcome

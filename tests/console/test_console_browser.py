@@ -139,7 +139,7 @@ async def test_sign_in_watch_a_request_arrive_approve_it_and_find_it_in_history(
     keep(tmp_path / "console-request.png")
 
     await page.get_by_role("button", name="Approve").click()
-    await expect(page.get_by_role("status")).to_have_text("Approved by Alice.")
+    await expect(page.get_by_role("status")).to_have_text("Approved once by Alice.")
     await expect(page.locator("h1 .badge")).to_have_text("approved")
     votes = page.locator("#votes-title + table")
     await expect(votes).to_contain_text("Alice")

@@ -473,12 +473,12 @@ async def test_approve_from_the_console_updates_the_chat_card(
         r = await console.decide(rid, "approve", "invoice matches the PO")
         assert redirect_target(r)[0] == f"/ui/requests/{rid}"
         shown = await console.get(f"/ui/requests/{rid}")
-        assert "Approved by Alice." in shown.text
+        assert "Approved once by Alice." in shown.text
         assert 'class="badge approved"' in shown.text
         assert "invoice matches the PO" in shown.text
         assert 'name="verdict"' not in shown.text, "no buttons once decided"
         # The flash is shown once.
-        assert "Approved by Alice." not in (await console.get(f"/ui/requests/{rid}")).text
+        assert "Approved once by Alice." not in (await console.get(f"/ui/requests/{rid}")).text
 
         async with runtime.reads() as s:
             vote = (await s.exec(select(Vote).where(col(Vote.request_id) == rid))).one()

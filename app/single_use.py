@@ -1,0 +1,122 @@
+"""One approval, one call.
+
+An approval covers the exact call it was asked for (its ``call_digest``), once: replays of the
+call's idempotency key answer ``allow`` until the call is reported executed
+(``POST /v1/hooks/post-tool-use`` with the same key) or until the gates'
+``approval_valid_for`` (the shortest of them; 10 minutes unless configured) has passed since
+the decision, whichever comes first; after that they deny, saying which. Lapse is computed
+from ``decided_at`` on each replay, so nothing has to sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from signoff.app import audit
+from signoff.app.audit import Action, Actor
+from signoff.app.eligibility import gates_of
+from signoff.app.models import ConfirmationRequest, Status, utcnow
+from signoff.channels._contract import duration_text
+
+__all__ = ["DEFAULT_VALID_FOR", "record_executed", "spent", "valid_for"]
+
+DEFAULT_VALID_FOR = timedelta(minutes=10)
+_REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
+
+
+def valid_for(req: ConfirmationRequest) -> timedelta:
+    """How long after its decision the request's approval allows its call: the shortest of its
+    gates' ``approval_valid_for``."""
+    seconds = [g.approval_valid_for_seconds for g in gates_of(req)]
+    known = [timedelta(seconds=s) for s in seconds if s is not None and s > 0]
+    return min(known) if len(known) == len(seconds) else min([DEFAULT_VALID_FOR, *known])
+
+
+def _when(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def spent(req: ConfirmationRequest, now: datetime | None = None) -> str | None:
+    """Why the approval of ``req`` (approved) allows nothing more, or None while it still does."""
+    if req.status != Status.APPROVED:
+        return None
+    if req.executed_at is not None:
+        return (
+            f"the approval of request {req.id} was used: the call was reported executed at "
+            f"{_when(req.executed_at)}; a new call needs a new idempotency key (and a new approval)"
+        )
+    if req.decided_at is None:
+        return None
+    window = valid_for(req)
+    if (now or utcnow()) >= req.decided_at + window:
+        return (
+            f"the approval of request {req.id} lapsed at {_when(req.decided_at + window)} "
+            f"({duration_text(int(window.total_seconds()))} after the decision) before the call was "
+            "reported executed; a new call needs a new idempotency key (and a new approval)"
+        )
+    return None
+
+
+_APPROVED_UNEXECUTED = select(col(ConfirmationRequest.id)).where(
+    col(ConfirmationRequest.agent_id) == sa.bindparam("agent_id"),
+    col(ConfirmationRequest.idempotency_key) == sa.bindparam("key"),
+    col(ConfirmationRequest.status) == Status.APPROVED.value,
+    col(ConfirmationRequest.executed_at).is_(None),
+)
+
+
+async def record_executed(
+    session: AsyncSession,
+    reads: async_sessionmaker[AsyncSession],
+    *,
+    agent_id: str,
+    key: str | None,
+    tool_name: str,
+    arguments: Mapping[str, Any],
+    redact: Callable[[Any], Any],
+    now: datetime | None = None,
+) -> str | None:
+    """Record that the approved call holding ``key`` ran (once: a second report changes
+    nothing), audited ``executed`` with the arguments it ran with (redacted). The id of the
+    request it closed, or None."""
+    if key is None:
+        return None
+    params = {"agent_id": agent_id, "key": key}
+    # The usual post-tool-use (a call no approval was asked for) only reads.
+    async with reads() as look:
+        if (await look.exec(_APPROVED_UNEXECUTED, params=params)).first() is None:
+            return None
+    now = now or utcnow()
+    shown = redact(dict(arguments))
+    r = _REQUESTS.c
+    row = (
+        await session.exec(
+            sa.update(_REQUESTS)
+            .where(
+                r.agent_id == agent_id,
+                r.idempotency_key == key,
+                r.status == Status.APPROVED.value,
+                r.executed_at.is_(None),
+            )
+            .values(executed_at=now, executed_arguments=shown)
+            .returning(r.id)
+        )
+    ).first()
+    if row is None:
+        return None  # another report (or replica) recorded it first
+    request_id = str(row[0])
+    await audit.append(
+        session,
+        Action.EXECUTED,
+        actor=Actor("agent", agent_id),
+        request_id=request_id,
+        detail={"tool": tool_name, "arguments": shown},
+    )
+    return request_id
