@@ -566,6 +566,8 @@ async def settle(url: str, timeout: float) -> dict[str, Any]:
 
 
 async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) -> None:
+    from signoff.app.eligibility import gates_of
+
     # The last server started runs on (not killed) until everything has settled.
     snap = await settle(url, timeout=LEASE_SECONDS + SHORT_TIMEOUT_SECONDS + 40)
     async with httpx.AsyncClient(base_url=procs.fake_url, timeout=10) as control:
@@ -597,8 +599,6 @@ async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) 
             problems.append(
                 f"{req.id} ({plan.action}) has votes {dict(got)}, expected {approvals}/{rejections}"
             )
-        from signoff.app.eligibility import gates_of
-
         quorum = gates_of(req)[0].quorum
         consistent = {
             "approved": got["approve"] >= quorum and got["reject"] == 0,
