@@ -11,6 +11,9 @@ Two ways a value is masked:
   ``scheme://user:password@host`` — and ``key=value`` / ``key: value`` pairs whose key
   contains a redact word (query strings, headers and commands quoted in an argument).
 
+A secret is literal text: a mask ends where a shell expansion begins (``$(``, ``${``,
+backticks, ``<(``), so ``token=$(curl …|sh)`` shows the approvers the command it runs.
+
 Everything is compiled once; key spellings are normalised once per distinct key.
 """
 
@@ -84,6 +87,15 @@ _USERINFO = re.compile(r"://([^/\s:@]*):[^/\s@]+(?=@)")
 # words joined by a space, as in ``api key``, count as one key).
 _REVERSED_PAIR = re.compile(r"[:=][ \t]*[\"']?(?P<key>[A-Za-z0-9_.-]+(?: [A-Za-z0-9_.-]+)?)")
 _PAIR_VALUE = re.compile(rf"[ \t]*[\"']?[ \t]*(?P<value>(?:{_SCHEME}\s+)?[^\s\"'&,;]+)")
+# Where a shell would run or expand something: a secret is literal text, so a mask ends
+# before the first of these and the command or expansion stays in front of the approvers.
+_EXPANSION = re.compile(r"\$[({]|`|[<>]\(")
+
+
+def _literal_end(text: str, start: int, stop: int) -> int:
+    """Where the literal text in ``text[start:stop]`` ends: at the first shell expansion."""
+    m = _EXPANSION.search(text, start, stop)
+    return stop if m is None else m.start()
 
 
 def _masked_forms(text: str) -> str:
@@ -182,8 +194,18 @@ class Redactor:
             if self.secret_key(m["key"][::-1]):
                 value = _PAIR_VALUE.match(text, end - m.start())
                 if value is not None:
-                    cuts.append((value.start("value"), value.end()))
+                    start = value.start("value")
+                    stop = _literal_end(text, start, value.end())
+                    if stop > start:
+                        cuts.append((start, stop))
         return _cut(text, cuts)
+
+    def _masked_value(self, value: Any) -> Any:
+        """A value under a secret key: masked whole, except a string's shell expansions
+        (``$(…)``, backticks), which are code to run, not a secret to keep."""
+        if isinstance(value, str) and (stop := _literal_end(value, 0, len(value))) < len(value):
+            return (REDACTED if stop else "") + self.text(value[stop:])
+        return REDACTED
 
     def value(self, value: Any) -> Any:
         """``value`` (JSON-like) with secrets masked by key and by value, at any depth."""
@@ -193,7 +215,10 @@ class Redactor:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, Mapping):
-            return {k: REDACTED if self.secret_key(str(k)) else self.value(v) for k, v in value.items()}
+            return {
+                k: self._masked_value(v) if self.secret_key(str(k)) else self.value(v)
+                for k, v in value.items()
+            }
         if isinstance(value, list | tuple):
             return [self.value(v) for v in value]
         return value
