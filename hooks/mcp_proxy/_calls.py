@@ -6,7 +6,6 @@ Nothing here imports the MCP SDK, so it is tested on its own.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import re
 from collections import OrderedDict
@@ -50,24 +49,28 @@ class CallLedger:
     """Which idempotency key each ``tools/call`` uses, so that a retry re-attaches and a new call asks anew.
 
     A call's identity is a hash of the proxy's name, the tool, its canonical arguments
-    and the client's session (and this proxy process, so that no earlier run's decision
-    is ever replayed). A call left undecided (still pending after ``--hold``, Signoff
-    unreachable, the client gave up) is *parked*: the next call with the same identity
-    takes over its key, so Signoff answers about the same request instead of asking
-    the approvers again. A call that ran, or that Signoff refused, is simply not
-    parked: its key is spent, and the next identical call is a new call with a new key
-    that needs its own approval. Concurrent identical calls each get a key of their own.
+    and the client's session; its keys are that identity and a generation. A call left
+    undecided (still pending after ``--hold``, Signoff unreachable, the client gave up)
+    is *parked*: the next call with the same identity takes over its key, so Signoff
+    answers about the same request instead of asking the approvers again. A call that ran,
+    or that Signoff refused, is simply not parked: the next identical call takes the next
+    generation, a new key that needs its own approval. Concurrent identical calls each get
+    a key of their own.
+
+    Keys do not depend on the proxy process: after a restart, a retry of a call still
+    waiting re-attaches to its request, and a call whose approval an earlier run used up
+    (Signoff says so: the request is approved yet the answer is deny) moves on with
+    :meth:`spent` to the next generation.
     """
 
-    def __init__(self, server: str, run: str, *, limit: int = 10_000) -> None:
+    def __init__(self, server: str, *, limit: int = 10_000) -> None:
         self.server = server
-        self.run = run
         self.limit = limit
         self._parked: OrderedDict[str, list[str]] = OrderedDict()
-        self._serial = itertools.count(1)
+        self._next: OrderedDict[str, int] = OrderedDict()
 
     def identity(self, tool: str, arguments: Mapping[str, Any], session: str | None) -> str:
-        material = json.dumps([self.server, tool, canonical_arguments(arguments), session, self.run])
+        material = json.dumps([self.server, tool, canonical_arguments(arguments), session])
         return hashlib.sha256(material.encode()).hexdigest()[:32]
 
     def claim(self, tool: str, arguments: Mapping[str, Any], session: str | None) -> Claim:
@@ -79,7 +82,18 @@ class CallLedger:
             if not parked:
                 del self._parked[call]
             return Claim(call, key)
-        return Claim(call, f"mcp:{self.server}:{call}:{next(self._serial)}")
+        return self._fresh(call)
+
+    def spent(self, claim: Claim) -> Claim:
+        """``claim``'s key belongs to a call that already ran: the key of the next generation."""
+        return self._fresh(claim.call)
+
+    def _fresh(self, call: str) -> Claim:
+        generation = self._next.pop(call, 1)
+        self._next[call] = generation + 1
+        while len(self._next) > self.limit:
+            self._next.popitem(last=False)
+        return Claim(call, f"mcp:{self.server}:{call}:{generation}")
 
     def park(self, claim: Claim) -> None:
         """The call ended undecided: its retry re-attaches to the same request."""

@@ -71,6 +71,8 @@ PROGRESS_EVERY = 5.0
 """Seconds between progress notifications while a call waits for a person."""
 REPORT_FLUSH = 3.0
 """Seconds reports of executed calls may still take when the proxy stops."""
+SPENT_SKIPS = 64
+"""Keys of earlier runs' executed calls a call steps past, at most, to reach its own."""
 
 _Request = types.Request[dict[str, Any] | None, str]
 
@@ -328,6 +330,13 @@ def _has_progress_token(ctx: ServerRequestContext[Any, Any]) -> bool:
     return bool(ctx.meta) and ("progress_token" in ctx.meta or "progressToken" in ctx.meta)  # type: ignore[operator]
 
 
+def _spent(decision: GateDecision) -> bool:
+    """Whether Signoff refused the key because its approval was already used (or lapsed):
+    the request is approved, the answer deny. The key is an earlier call's, not this one's."""
+    request = decision.request or {}
+    return not decision.allowed and decision.failure is None and request.get("status") == "approved"
+
+
 def _identity(method: str, params: Mapping[str, Any] | None) -> tuple[str, str]:
     """What a request is about, which each of its rounds must repeat: a name (or URI) and the arguments."""
     p = params or {}
@@ -360,7 +369,8 @@ class GatingProxy:
         self.gate = gate
         self.clients = clients
         self.run_id = uuid.uuid4().hex[:16]
-        self.ledger = CallLedger(config.name, self.run_id)
+        """Names this process's session with Signoff when the client has none of its own."""
+        self.ledger = CallLedger(config.name)
         self.server = _MirrorServer(upstream.init)
         # No per-message tracing span: the proxy adds as little as it can to each call. The
         # one middleware seals the requestState of 2026-07-28 rounds, and checks it back.
@@ -695,6 +705,12 @@ class GatingProxy:
         ask = {"session_id": session_id, "idempotency_key": claim.key, "metadata": metadata}
         try:
             decision = await self._decide(ctx, tool, arguments, ask, started)
+            for _ in range(SPENT_SKIPS):
+                if not _spent(decision):
+                    break
+                claim = self.ledger.spent(claim)  # an earlier run of the proxy made this call
+                ask["idempotency_key"] = claim.key
+                decision = await self._decide(ctx, tool, arguments, ask, started)
         except Exception as exc:
             self.ledger.park(claim)
             log.exception("the proxy failed while asking Signoff; the call is refused")
@@ -750,6 +766,8 @@ class GatingProxy:
             return
 
     def _refusal(self, tool: str, decision: GateDecision, claim: Claim) -> types.CallToolResult:
+        # A spent answer after SPENT_SKIPS generations is refused as it stands; the ledger
+        # has moved on, so the next identical call asks anew.
         if decision.pending or decision.failure is GateFailure.TIMEOUT:
             self.ledger.park(claim)
             text = waiting_text(tool, decision.request_id, self.config.hold)

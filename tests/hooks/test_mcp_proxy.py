@@ -689,6 +689,39 @@ async def test_a_call_held_past_hold_waits_and_its_retry_reattaches(
     assert len(calls()) == 1
 
 
+async def test_a_retry_after_the_proxy_restarts_reattaches_and_a_used_approval_is_stepped_past(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    """Keys do not depend on the proxy process: the call still waiting when the proxy stops
+    is the one its retry waits on after a restart, and once that approval was used, the
+    same call after another restart is a new call (not a replay, not refused as used)."""
+    async with admin_client(server.url, admin_headers) as admin:
+        async with proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client:
+            first = await client.call_tool("pay_invoice", BIG)
+        (rid,) = await pending_ids(runtime, admin)
+        assert first.meta == {"signoff/decision": "pending", "signoff/request_id": rid}
+
+        async with proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client:
+            again = await client.call_tool("pay_invoice", BIG)
+            assert again.meta == {"signoff/decision": "pending", "signoff/request_id": rid}
+            assert len((await admin.get("/v1/admin/requests")).json()) == 1, "the retry asked nobody again"
+            await vote(runtime, rid, Verdict.APPROVE, "alice")
+            approved = await client.call_tool("pay_invoice", BIG)
+            assert text(approved) == "paid inv-1: 90000"
+
+        async with proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client:
+            later = await client.call_tool("pay_invoice", BIG)
+        assert later.meta is not None
+        assert later.meta["signoff/decision"] == "pending", text(later)
+        assert later.meta["signoff/request_id"] != rid
+    assert len(calls()) == 1, "the approval ran its call once"
+
+
 async def test_a_call_the_client_gives_up_on_is_reattached_by_its_retry(
     server: Server,
     agent_key: str,

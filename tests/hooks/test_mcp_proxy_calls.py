@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mcp.types import (
     ClientCapabilities,
     CreateMessageRequest,
@@ -24,6 +26,7 @@ from mcp.types import (
 from signoff.hooks.mcp_proxy import DEFAULT_HOLD, ConfigError, parse_args
 from signoff.hooks.mcp_proxy._calls import (
     CallLedger,
+    Claim,
     canonical_arguments,
     gated_tool_name,
     waiting_text,
@@ -40,7 +43,7 @@ def test_canonical_arguments_ignore_key_order() -> None:
 
 
 def test_a_parked_call_is_taken_over_by_its_retry() -> None:
-    ledger = CallLedger("up", "run1")
+    ledger = CallLedger("up")
     first = ledger.claim("pay", {"amount": 1, "to": "x"}, None)
     ledger.park(first)
     retry = ledger.claim("pay", {"to": "x", "amount": 1}, None)
@@ -49,7 +52,7 @@ def test_a_parked_call_is_taken_over_by_its_retry() -> None:
 
 
 def test_a_call_that_ended_is_not_reused() -> None:
-    ledger = CallLedger("up", "run1")
+    ledger = CallLedger("up")
     first = ledger.claim("pay", {"amount": 1}, None)
     again = ledger.claim("pay", {"amount": 1}, None)
     assert again.call == first.call
@@ -57,7 +60,7 @@ def test_a_call_that_ended_is_not_reused() -> None:
 
 
 def test_concurrent_identical_calls_get_keys_of_their_own() -> None:
-    ledger = CallLedger("up", "run1")
+    ledger = CallLedger("up")
     parked = ledger.claim("pay", {"amount": 1}, None)
     ledger.park(parked)
     one = ledger.claim("pay", {"amount": 1}, None)
@@ -77,7 +80,7 @@ def test_concurrent_identical_calls_get_keys_of_their_own() -> None:
 def test_identity_covers_tool_arguments_and_session(
     a: tuple[str, dict[str, int], str | None], b: tuple[str, dict[str, int], str | None]
 ) -> None:
-    ledger = CallLedger("up", "run1")
+    ledger = CallLedger("up")
     parked = ledger.claim(*a)
     ledger.park(parked)
     other = ledger.claim(*b)
@@ -86,19 +89,55 @@ def test_identity_covers_tool_arguments_and_session(
     assert ledger.parked == 1, "a different call does not take over the parked key"
 
 
-def test_no_earlier_run_and_no_other_server_shares_a_key() -> None:
+def test_keys_are_the_same_in_every_run_and_differ_by_server() -> None:
+    """A restarted proxy asks under the keys the earlier run used, so a retry of a call still
+    waiting re-attaches to its request; another server's calls never share one."""
     call = ("pay", {"amount": 1}, None)
-    keys = {
-        CallLedger("up", "run1").claim(*call).key,
-        CallLedger("up", "run2").claim(*call).key,
-        CallLedger("other", "run1").claim(*call).key,
-    }
-    assert len(keys) == 3
-    assert all(k.startswith("mcp:") and len(k) <= 500 for k in keys)
+    first_run, second_run = CallLedger("up"), CallLedger("up")
+    assert first_run.claim(*call).key == second_run.claim(*call).key
+    assert first_run.claim(*call).key != CallLedger("other").claim(*call).key
+    assert all(k.startswith("mcp:") and len(k) <= 500 for k in (first_run.claim(*call).key,))
+
+
+def test_a_spent_key_moves_on_to_the_next_generation() -> None:
+    ledger = CallLedger("up")
+    first = ledger.claim("pay", {"amount": 1}, None)
+    after = ledger.spent(first)
+    assert after.call == first.call
+    assert after.key != first.key
+    assert ledger.claim("pay", {"amount": 1}, None).key not in {first.key, after.key}
+
+
+@given(st.lists(st.sampled_from(["claim", "park", "spent"]), max_size=40))
+def test_no_two_unparked_claims_share_a_key(steps: list[str]) -> None:
+    """Whatever mix of new calls, parked calls and spent keys: a key is handed out again
+    only to the retry of a parked call."""
+    ledger = CallLedger("up")
+    handed: set[str] = set()
+    parked: list[Claim] = []
+    last: Claim | None = None
+    for step in steps:
+        if step == "park" and last is not None:
+            ledger.park(last)
+            parked.append(last)
+            handed.discard(last.key)
+            last = None
+            continue
+        claim = (
+            ledger.spent(last)
+            if step == "spent" and last is not None
+            else ledger.claim("pay", {"a": 1}, None)
+        )
+        if parked and claim.key == parked[0].key:
+            parked.pop(0)
+        else:
+            assert claim.key not in handed
+        handed.add(claim.key)
+        last = claim
 
 
 def test_parked_calls_are_bounded() -> None:
-    ledger = CallLedger("up", "run1", limit=3)
+    ledger = CallLedger("up", limit=3)
     for i in range(10):
         ledger.park(ledger.claim("pay", {"i": i}, None))
     assert ledger.parked == 3
