@@ -222,6 +222,9 @@ def create_app(
         summary="Human approval for AI agents' tool calls",
         version="1",
         lifespan=lifespan,
+        # Signoff exports Prometheus metrics, not OpenTelemetry: without this FastAPI asks
+        # the OpenTelemetry globals (environment look-ups) on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     if runtime is not None:
         app.state.runtime = runtime
