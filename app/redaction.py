@@ -82,7 +82,7 @@ _FORMS = (
 _FORM_TESTS = tuple((f.literal, f.pattern, f.boundary) for f in _FORMS)
 _SCHEME_WORDS = ("bearer", "basic", "token", "digest")
 _SCHEMED = re.compile(rf"(?<![A-Za-z0-9]){_SCHEME}\s+(?P<credential>{_CREDENTIAL})")
-_USERINFO = re.compile(r"://([^/\s:@]*):[^/\s@]+(?=@)")
+_USERINFO = re.compile(r"://([^/\s:@]*):([^/\s@]+)(?=@)")
 # A ``key: value`` or ``key=value`` pair read backwards: the separator, then the key (two
 # words joined by a space, as in ``api key``, count as one key).
 _REVERSED_PAIR = re.compile(r"[:=][ \t]*[\"']?(?P<key>[A-Za-z0-9_.-]+(?: [A-Za-z0-9_.-]+)?)")
@@ -145,7 +145,13 @@ def _schemed(m: re.Match[str]) -> str:
 
 
 def _userinfo(m: re.Match[str]) -> str:
-    return f"://{m[1]}:{REDACTED}"
+    return f"://{m[1]}:{_masked_literal(m[2])}"
+
+
+def _masked_literal(text: str) -> str:
+    """``text`` masked up to its first shell expansion (``$(…)``, backticks), which stays."""
+    stop = _literal_end(text, 0, len(text))
+    return (REDACTED if stop else "") + text[stop:]
 
 
 def _bounded(m: re.Match[str]) -> str:
@@ -203,8 +209,8 @@ class Redactor:
     def _masked_value(self, value: Any) -> Any:
         """A value under a secret key: masked whole, except a string's shell expansions
         (``$(…)``, backticks), which are code to run, not a secret to keep."""
-        if isinstance(value, str) and (stop := _literal_end(value, 0, len(value))) < len(value):
-            return (REDACTED if stop else "") + self.text(value[stop:])
+        if isinstance(value, str) and _EXPANSION.search(value):
+            return self.text(_masked_literal(value))
         return REDACTED
 
     def value(self, value: Any) -> Any:

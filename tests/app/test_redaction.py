@@ -149,7 +149,8 @@ def test_secrets_embedded_in_text_are_masked(
 @given(
     # No vowels (nor p, w): a user name that spells no redact word.
     st.text("bcdfghjklmnqrstvxzBCDFGHJKLMNQRSTVXZ0123456789._-", min_size=1, max_size=12),
-    st.text(ALNUM + "!$%*()+~", min_size=8, max_size=30),
+    # ``$(`` starts a command substitution, which is shown (tests/redteam/test_hidden_arguments.py).
+    st.text(ALNUM + "!$%*()+~", min_size=8, max_size=30).filter(lambda p: "$(" not in p),
     st.sampled_from(["https", "postgresql", "redis", "amqp"]),
 )
 def test_passwords_in_urls_are_masked(user: str, password: str, scheme: str) -> None:

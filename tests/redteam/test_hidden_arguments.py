@@ -95,9 +95,13 @@ def test_no_redact_word_masks_a_shell_expansion(key: str, separator: str, opener
     assert f"{opener}{command}" in shown, shown
     nested = redact({key: f"{opener}{command}"}, words)
     assert f"{opener}{command}" in nested[key], nested
+    url = redact(f"curl https://{key}:{opener}{command}@example.com/", words)
+    assert f"{opener}{command}" in url, url
 
 
 def test_a_secret_under_a_secret_key_stays_masked() -> None:
     words = frozenset(DEFAULT_REDACT)
     assert redact({"token": "abc123secret"}, words) == {"token": "[redacted]"}
     assert redact({"token": "abc123secret$(id)"}, words) == {"token": "[redacted]$(id)"}
+    assert redact("https://u:pw123456@host/", words) == "https://u:[redacted]@host/"
+    assert redact("https://u:pw123456$(id)@host/", words) == "https://u:[redacted]$(id)@host/"
