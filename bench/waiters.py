@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import re
 import resource
 import subprocess
@@ -107,6 +108,9 @@ def client_main(argv: list[str]) -> None:
 
         runner = uvloop.run
     out = runner(park(args.host, args.port, args.key, ids, args.timeout))
+    # The event loop may leave the inherited pipe non-blocking; a report larger than the pipe
+    # would then be cut short when the reader is not reading yet.
+    os.set_blocking(sys.stdout.fileno(), True)
     print(json.dumps(out), flush=True)
 
 
