@@ -110,7 +110,7 @@ async def decide_request(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
     if not result.accepted:
         # Answered, not raised: the refusal's audit event is committed with the answer.
-        code = status.HTTP_422_UNPROCESSABLE_ENTITY if result.unprocessable else status.HTTP_409_CONFLICT
+        code = status.HTTP_422_UNPROCESSABLE_CONTENT if result.unprocessable else status.HTTP_409_CONFLICT
         return JSONResponse({"detail": result.message}, code)
     # The trail as this unit of work leaves it, which commits before the answer is sent.
     return await _admin_view(session, request_id)
