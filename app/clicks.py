@@ -123,7 +123,7 @@ class ClickService:
             return voter, "Signoff could not look up who you are; please try again."
         return replace(voter, email=email), None
 
-    async def card(self, channel: str, request_id: str) -> Card | None:
+    async def current_card(self, channel: str, request_id: str) -> Card | None:
         kind = self._config.channel_type(channel)
         async with self._reads() as session:
             req = await get_request(session, request_id)

@@ -74,8 +74,8 @@ class LiveClicks:
     ) -> None:
         await self._runtime.clicks.enrich_identity(channel, user_id, name=name, email=email)
 
-    async def card(self, channel: str, request_id: str) -> Card | None:
-        return await self._runtime.clicks.card(channel, request_id)
+    async def current_card(self, channel: str, request_id: str) -> Card | None:
+        return await self._runtime.clicks.current_card(channel, request_id)
 
 
 @dataclass

@@ -427,7 +427,7 @@ class ClickHandler(Protocol):
         """Attach a looked-up display name and email to the votes this user cast."""
         ...
 
-    async def card(self, channel: str, request_id: str) -> Card | None:
+    async def current_card(self, channel: str, request_id: str) -> Card | None:
         """The request as it stands, drawn for ``channel`` (an edit form shows its current
         arguments); None if there is no such request."""
         ...

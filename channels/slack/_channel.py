@@ -295,7 +295,7 @@ class SlackChannel:
         trigger's three seconds); a request no longer open to changes is said so instead."""
         if not self._first_sighting(press.event_id):
             return CallbackReply()
-        card = await handler.card(self.name, press.request_id)
+        card = await handler.current_card(self.name, press.request_id)
         message = None
         if card is None or not card.is_pending:
             message = "This request is no longer pending."
