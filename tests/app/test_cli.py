@@ -554,9 +554,7 @@ def editing(cli: Cli) -> Cli:
 
 def test_approve_with_set_changes_the_approved_call(editing: Cli) -> None:
     rid = editing.request("send_payment", arguments={"to": "acme", "amount": 90000, "memo": "x"})
-    done = editing(
-        "requests", "approve", rid, "--as", "alice", "--set", "amount=40000", "--set", "memo=007"
-    )
+    done = editing("requests", "approve", rid, "--as", "alice", "--set", "amount=40000", "--set", "memo=007")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == 'Approved by Alice with changes: amount 90000 → 40000, memo "x" → "007".'
     shown = json.loads(editing.ok("requests", "show", rid))

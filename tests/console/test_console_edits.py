@@ -58,7 +58,9 @@ async def test_the_decision_form_approves_with_changes(alice: Console, agent: Ag
     assert 'name="edit:json:amount" value="90000"' in page
     assert 'name="edit:text:memo" value="invoice 7"' in page
 
-    shown = html.unescape(await submit(alice, rid, **{"edit:json:amount": "40000", "edit:text:memo": "invoice 7"}))
+    shown = html.unescape(
+        await submit(alice, rid, **{"edit:json:amount": "40000", "edit:text:memo": "invoice 7"})
+    )
     assert "with changes:" in shown
     assert "amount 90000 → 40000" in shown
     changes = shown.split('<ul class="changes">')[1].split("</ul>")[0]
