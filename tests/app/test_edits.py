@@ -181,7 +181,8 @@ async def test_an_approval_with_changes_runs_the_changed_call(
     vote = next(e for e in await actions(runtime, rid) if e.action == "vote")
     assert vote.detail["arguments"] == {"proposed": {"amount": 90000}, "approved": {"amount": 40000}}
     approved = await row(runtime, rid)
-    assert approved.approved_arguments is not None and approved.approved_arguments["amount"] == 40000
+    assert approved.approved_arguments is not None
+    assert approved.approved_arguments["amount"] == 40000
 
 
 async def test_an_edit_that_changes_nothing_is_an_approval_as_asked(

@@ -900,7 +900,9 @@ async def test_plain_async_leaves_https_to_httpx() -> None:
 
 
 def _changed(**fields: Any) -> list[dict[str, Any]]:
-    return [{"field": k, "proposed": None, "approved": v, "proposed_absent": False} for k, v in fields.items()]
+    return [
+        {"field": k, "proposed": None, "approved": v, "proposed_absent": False} for k, v in fields.items()
+    ]
 
 
 def test_approved_with_changes_runs_the_call_with_them(ask: Callable[..., Ask]) -> None:
