@@ -52,6 +52,8 @@ class Action(StrEnum):
     """A call recorded by an ``audit_log`` hook."""
     EXECUTED = "executed"
     """An approved call reported executed (post-tool-use under its key), with its arguments."""
+    EXECUTED_MISMATCH = "executed_mismatch"
+    """An approved call reported executed with arguments other than the approved ones."""
     GRANT_CREATED = "grant_created"
     GRANT_USED = "grant_used"
     GRANT_REVOKED = "grant_revoked"

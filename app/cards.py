@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from signoff.app.config import SignoffConfig
+from signoff.app.edits import argument_changes, editable_fields
 from signoff.app.eligibility import gates_of
 from signoff.app.grants import given, meet, offers_of
 from signoff.app.models import ConfirmationRequest, Status, Vote
@@ -46,6 +47,8 @@ def build_card(
     if req.status == Status.APPROVED:
         per_gate = [given(votes, i) for i in here]
         granted = meet([g for g in per_gate if g]) if all(per_gate) else None
+    # Changes come only with an approval that decides alone: every gate is on this card.
+    editable = editable_fields(gates) if len(here) == len(gates) and req.status == Status.PENDING else ()
     approvers = dict.fromkeys(a for i in here for a in gates[i].approvers)
     voters = {v.voter: Person(v.name or v.voter, v.user_id) for v in approving if v.gate in here}
     return Card(
@@ -72,4 +75,6 @@ def build_card(
         granted_until=req.decided_at + timedelta(seconds=granted.seconds)
         if granted is not None and req.decided_at
         else None,
+        editable=editable,
+        changes=argument_changes(req) if req.status == Status.APPROVED else (),
     )

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import sqlalchemy.exc
 import typer
@@ -32,7 +32,7 @@ from signoff.app.models import AgentKey, ConfirmationRequest, Grant, Status, utc
 from signoff.app.operators import decide, resolve_grant
 from signoff.app.settings import Settings
 from signoff.app.state_machine import get_request
-from signoff.channels import Verdict
+from signoff.channels import Verdict, edit_problem, parse_edit_value
 
 app = typer.Typer(
     help="Signoff: human approval for AI agents' tool calls.",
@@ -359,12 +359,34 @@ def _grant_option(text: str) -> tuple[str, int, list[str] | None]:
     return scope, seconds, same
 
 
+def _set_options(texts: list[str]) -> dict[str, Any] | None:
+    """``--set amount=40000 --set memo=rent`` → the changed arguments (each value read as JSON,
+    else as text); None when there are none."""
+    if not texts:
+        return None
+    arguments: dict[str, Any] = {}
+    for text in texts:
+        name, eq, value = text.partition("=")
+        if not eq or not name.strip():
+            raise CliError(f"--set {text!r}: write FIELD=VALUE (e.g. --set amount=40000)", 2)
+        arguments[name.strip()] = parse_edit_value(value)
+    if (problem := edit_problem(arguments)) is not None:
+        raise CliError(f"--set: {problem}", 2)
+    return arguments
+
+
 def _decide(
-    request_id: str, verdict: Verdict, reason: str | None, as_: str | None, grant: str | None = None
+    request_id: str,
+    verdict: Verdict,
+    reason: str | None,
+    as_: str | None,
+    grant: str | None = None,
+    changes: list[str] | None = None,
 ) -> None:
     settings = _settings()
     config = _config(settings, needed_for=f"`signoff requests {verdict.value}`")
     wanted = _grant_option(grant) if grant is not None else None
+    arguments = _set_options(changes or [])
 
     async def work(session: AsyncSession, settings: Settings) -> tuple[bool, str] | None:
         if as_ is None or not as_.strip():
@@ -395,6 +417,7 @@ def _decide(
             config=config,
             reason=reason,
             grant=choice,
+            arguments=arguments,
             via="cli",
         )
         return None if result is None else (result.accepted, result.message)
@@ -422,9 +445,17 @@ def requests_approve(
             "(session:1h, agent:30m:to)."
         ),
     ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Approve with an argument changed: FIELD=VALUE, the value read as JSON, else as "
+            "text (--set amount=40000 --set memo=rent); only fields the gate lists as editable.",
+        ),
+    ] = None,
 ) -> None:
-    """Approve a request as an operator (once, or with a grant the gate offers)."""
-    _decide(request_id, Verdict.APPROVE, reason, as_, grant)
+    """Approve a request as an operator (once, with a grant the gate offers, or with changes)."""
+    _decide(request_id, Verdict.APPROVE, reason, as_, grant, set_)
 
 
 @requests_app.command("reject")

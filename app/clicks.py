@@ -90,6 +90,7 @@ class ClickService:
                     config=self._config,
                     reason=click.reason,
                     grant=click.grant,
+                    arguments=click.arguments,
                 )
         if result is None:
             return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))
@@ -121,6 +122,15 @@ class ClickService:
             log.warning("looking up %s on %s failed: %r", voter.user_id, target.name, exc)
             return voter, "Signoff could not look up who you are; please try again."
         return replace(voter, email=email), None
+
+    async def current_card(self, channel: str, request_id: str) -> Card | None:
+        kind = self._config.channel_type(channel)
+        async with self._reads() as session:
+            req = await get_request(session, request_id)
+            if req is None:
+                return None
+            votes = await votes_for(session, request_id)
+        return build_card(req, votes, self._config, kind, channel=channel)
 
     async def enrich_identity(
         self, channel: str, user_id: str, *, name: str | None, email: str | None

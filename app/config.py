@@ -29,6 +29,7 @@ from signoff.app.builtin_hooks.rate_limit import RateLimit
 from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
 from signoff.app.builtin_hooks.result_truncate import ResultTruncate
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelConfig, identity_of
+from signoff.app.redaction import Redactor
 
 HookConfig = ConfirmationGate | ReadOnlyGuard | RateLimit | ResultTruncate | AuditLog | ContextInject
 """Every hook type an agent's ``hooks`` list may hold, told apart by ``type``."""
@@ -364,10 +365,17 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
 
     problems.extend(_ambiguous_people(doc.people))
     for agent, cfg in doc.agents.items():
+        secret = Redactor({*doc.redact, *cfg.redact}).secret_key
         for i, gate in enumerate(cfg.hooks):
             if not isinstance(gate, ConfirmationGate):
                 continue
             where = f"agents.{agent}.hooks[{i}]"
+            for j, name in enumerate(gate.editable):
+                if secret(name):
+                    problems.append(
+                        f"{where}.editable[{j}]: {name!r} is redacted (it holds a redact word), so "
+                        "approvers never see its value and cannot change it; remove it from editable"
+                    )
             if gate.channel not in channels:
                 if gate.channel not in doc.channels:  # an invalid channel is reported once, above
                     problems.append(f"{where}.channel: no channel named {gate.channel!r} under channels")

@@ -75,6 +75,8 @@ class GateSnapshot(BaseModel):
     gate said; the default applies)."""
     grants: tuple[GrantChoice, ...] = ()
     """The grants its approvers were offered beside approving once."""
+    editable: tuple[str, ...] = ()
+    """The argument fields its approver could change before approving."""
     argument_digests: dict[str, str] = {}
     """The digest of each argument field those grants may hold equal, as the call had it."""
     config_version: str | None = None

@@ -20,7 +20,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, grants
+from signoff.app import audit, edits, grants
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
@@ -218,6 +218,8 @@ class Approvals:
         self._grants: dict[str, Grant] | None = None
         self.granted: dict[str, Grant] = {}
         """The grants that let this call through their gates, by gate key, in the order used."""
+        self._edited: tuple[dict[str, Any], dict[str, Any]] | None = None
+        """Answered with the approver's changes: the call's arguments, and those it runs with."""
 
     @staticmethod
     def idempotency_key(ctx: HookContext) -> str | None:
@@ -227,7 +229,9 @@ class Approvals:
             return f"{ctx.session_id}:{ctx.tool_call_id}"
         return None
 
-    def _replay(self, found: ConfirmationRequest, digest: str, key: str) -> HookResult:
+    def _replay(
+        self, found: ConfirmationRequest, digest: str, key: str, arguments: Mapping[str, Any]
+    ) -> HookResult:
         """The answer for gate ``key`` from the request already holding the call's key."""
         if found.call_digest != digest:
             # Never let an approval for one call stand in for another.
@@ -245,8 +249,14 @@ class Approvals:
                 request_id=found.id,
             )
         answer = decision_for(found)
-        if answer.decision is Decision.ALLOW and (why := spent(found, self._now)) is not None:
-            return HookResult.deny(why, request_id=found.id)
+        if answer.decision is Decision.ALLOW:
+            if (why := spent(found, self._now)) is not None:
+                return HookResult.deny(why, request_id=found.id)
+            # Approved with changes: the call runs as approved.
+            modified = edits.modified_arguments(found, arguments)
+            if modified is not None:
+                self._edited = (dict(arguments), modified)
+                return replace(answer, modified_arguments=modified)
         return answer
 
     async def _active_grants(
@@ -335,13 +345,18 @@ class Approvals:
         digest = call_digest(ctx.tool_name, ctx.arguments)
         if self.request is not None:
             # A later gate of this same call (an Approvals serves one call): the earlier gate
-            # let the call on by this request, which holds every gate that matched.
-            return self._replay(self.request, digest, key)
+            # let the call on by this request, which holds every gate that matched (the call
+            # as approved, when the approver changed it).
+            arguments = ctx.arguments
+            if self._edited is not None and self._edited[1] == dict(ctx.arguments):
+                arguments = self._edited[0]
+                digest = call_digest(ctx.tool_name, arguments)
+            return self._replay(self.request, digest, key, arguments)
         # A grant stands in for its own gate only: the request asks every other gate.
         new = self._prepare(ctx, gate, [(k, g) for k, g in matched if k not in active])
         found = await self._intake.create_request(self._session, new)
         if found is not None:
-            return self._replay(found, digest, key)
+            return self._replay(found, digest, key, ctx.arguments)
         req = from_row(ConfirmationRequest, new.row)
         self.created = self.request = req
         where = ", ".join(dict.fromkeys(g.channel for _, g in matched))
@@ -373,6 +388,7 @@ def _snapshot(key: str, gate: ConfirmationGate, arguments: Mapping[str, Any]) ->
         timeout_seconds=gate.timeout.total_seconds(),
         approval_valid_for_seconds=gate.approval_valid_for.total_seconds(),
         grants=tuple(offer.choice for offer in gate.grants),
+        editable=gate.editable,
         argument_digests=grants.argument_digests(gate, arguments),
     )
 

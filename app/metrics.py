@@ -13,6 +13,7 @@ __all__ = [
     "DECISIONS",
     "DECISION_SECONDS",
     "DELIVERIES",
+    "EXECUTED_MISMATCHES",
     "GATE_CALLS",
     "OUTBOX_BACKLOG",
     "OUTBOX_FAILED",
@@ -51,6 +52,12 @@ CALLBACK_REJECTIONS = Counter(
     "signoff_callback_rejections",
     "Platform callbacks refused, by channel and reason.",
     ["channel", "reason"],
+    registry=REGISTRY,
+)
+EXECUTED_MISMATCHES = Counter(
+    "signoff_executed_mismatches",
+    "Approved calls reported executed with arguments other than the approved ones, by agent.",
+    ["agent"],
     registry=REGISTRY,
 )
 REQUESTS = Gauge("signoff_requests", "Requests in the database, by status.", ["status"], registry=REGISTRY)

@@ -117,6 +117,9 @@ class ConfirmationRequest(SQLModel, table=True):
     from then on the approval allows nothing more."""
     executed_arguments: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     """The arguments it was reported executed with (redacted)."""
+    approved_arguments: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    """Approved with changes: the call as approved (``arguments`` with the approver's
+    changes; the changed values are stored as given, never secrets). None: approved as asked."""
 
 
 class Vote(SQLModel, table=True):

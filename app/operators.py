@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -49,11 +50,19 @@ async def decide(
     config: SignoffConfig,
     reason: str | None = None,
     grant: GrantChoice | None = None,
+    arguments: Mapping[str, Any] | None = None,
     via: str = "web",
 ) -> VoteResult | None:
     """Vote as ``operator`` through the built-in web channel, with the gate's approver rules
-    (approving with ``grant``, when given)."""
+    (approving with ``grant``, or with ``arguments`` changed, when given)."""
     voter = operator_voter(operator, config, via=via)
     return await cast_vote(
-        session, request_id, voter=voter, verdict=verdict, config=config, reason=reason, grant=grant
+        session,
+        request_id,
+        voter=voter,
+        verdict=verdict,
+        config=config,
+        reason=reason,
+        grant=grant,
+        arguments=arguments,
     )

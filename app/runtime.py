@@ -24,7 +24,7 @@ from signoff.app.keys import AgentKeys
 from signoff.app.models import ConfirmationRequest, utcnow
 from signoff.app.settings import Settings
 from signoff.app.waiters import Hub
-from signoff.channels import Channel, Click, ClickOutcome, InteractiveChannel
+from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel
 from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
 
 __all__ = ["Reload", "Runtime"]
@@ -73,6 +73,9 @@ class LiveClicks:
         self, channel: str, user_id: str, *, name: str | None, email: str | None
     ) -> None:
         await self._runtime.clicks.enrich_identity(channel, user_id, name=name, email=email)
+
+    async def current_card(self, channel: str, request_id: str) -> Card | None:
+        return await self._runtime.clicks.current_card(channel, request_id)
 
 
 @dataclass

@@ -10,10 +10,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
+from signoff.app.edits import argument_changes, editable_fields, executed_as_approved
 from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, Status, Vote, utcnow
 from signoff.app.single_use import valid_for
-from signoff.channels import MAX_REASON_CHARS, GrantChoice, Verdict
+from signoff.channels import ABSENT, MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem
 from signoff.channels._contract import MAX_GRANT_FIELDS
 
 if TYPE_CHECKING:
@@ -182,6 +183,17 @@ class GrantOut(BaseModel):
         )
 
 
+class ArgumentChangeOut(BaseModel):
+    """One argument field the approver changed."""
+
+    field: str
+    proposed: Any = None
+    """The value the call was asked with (redacted; absent from the call: ``proposed_absent``)."""
+    approved: Any = None
+    """The value it was approved with."""
+    proposed_absent: bool = False
+
+
 class VoteOut(BaseModel):
     verdict: str
     gate: str
@@ -254,6 +266,15 @@ class RequestOut(BaseModel):
     """Approved and not yet executed: until when a replay of its key is allowed."""
     grant: GrantOut | None = None
     """The grant given with the approval, if any (the first gate's, with several)."""
+    editable: list[str] = []
+    """Pending: the argument fields its approver may change before approving."""
+    approved_arguments: dict[str, Any] | None = None
+    """Approved with changes: the call as approved (redacted like ``arguments``)."""
+    changes: list[ArgumentChangeOut] = []
+    """Approved with changes: each field changed, proposed and approved. The agent runs its
+    call's own arguments with these values (``modified_arguments``)."""
+    executed_mismatch: bool = False
+    """The call was reported executed with arguments other than the approved ones."""
 
     @classmethod
     def of(
@@ -297,6 +318,19 @@ class RequestOut(BaseModel):
             if r.status == Status.APPROVED and r.decided_at and r.executed_at is None
             else None,
             grant=GrantOut.of(grants[0], now or utcnow()) if grants else None,
+            editable=list(editable_fields(snapshots)) if r.status == Status.PENDING else [],
+            approved_arguments=r.approved_arguments,
+            changes=[
+                ArgumentChangeOut(
+                    field=c.field,
+                    proposed=None if c.proposed is ABSENT else c.proposed,
+                    approved=c.approved,
+                    proposed_absent=c.proposed is ABSENT,
+                )
+                for c in argument_changes(r)
+            ],
+            executed_mismatch=r.executed_arguments is not None
+            and not executed_as_approved(r, r.executed_arguments),
         )
 
 
@@ -374,6 +408,15 @@ class DecisionIn(BaseModel):
     reason: Text | None = Field(default=None, max_length=MAX_REASON_CHARS)
     grant: GrantIn | None = None
     """Approve with this grant instead of approving once (it must be one the gate offers)."""
+    arguments: dict[str, Any] | None = None
+    """Approve with these argument fields changed (only fields the gate lists as ``editable``)."""
+
+    @field_validator("arguments")
+    @classmethod
+    def _edit(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and (problem := edit_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
 
 
 class AuditVerifyOut(BaseModel):

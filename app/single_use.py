@@ -21,7 +21,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Action, Actor
+from signoff.app.edits import same_call
 from signoff.app.eligibility import gates_of
+from signoff.app.metrics import EXECUTED_MISMATCHES
 from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.channels._contract import duration_text
 
@@ -84,8 +86,9 @@ async def record_executed(
     now: datetime | None = None,
 ) -> str | None:
     """Record that the approved call holding ``key`` ran (once: a second report changes
-    nothing), audited ``executed`` with the arguments it ran with (redacted). The id of the
-    request it closed, or None."""
+    nothing), audited ``executed`` with the arguments it ran with (redacted), and also
+    ``executed_mismatch`` (counted in ``/metrics``) when those are not the approved ones. The
+    id of the request it closed, or None."""
     if key is None:
         return None
     params = {"agent_id": agent_id, "key": key}
@@ -106,17 +109,29 @@ async def record_executed(
                 r.executed_at.is_(None),
             )
             .values(executed_at=now, executed_arguments=shown)
-            .returning(r.id)
+            .returning(r.id, r.arguments, r.approved_arguments)
         )
     ).first()
     if row is None:
         return None  # another report (or replica) recorded it first
-    request_id = str(row[0])
-    await audit.append(
-        session,
-        Action.EXECUTED,
-        actor=Actor("agent", agent_id),
-        request_id=request_id,
-        detail={"tool": tool_name, "arguments": shown},
-    )
+    request_id, proposed, approved = str(row[0]), row[1], row[2]
+    actor = Actor("agent", agent_id)
+    entries = [audit.Entry(Action.EXECUTED, actor, request_id, {"tool": tool_name, "arguments": shown})]
+    if not same_call(proposed, approved, shown):
+        # Run otherwise than approved: the approval is used all the same, and it is on record.
+        entries.append(
+            audit.Entry(
+                Action.EXECUTED_MISMATCH,
+                actor,
+                request_id,
+                {
+                    "tool": tool_name,
+                    "proposed": proposed,
+                    "approved": approved if approved is not None else proposed,
+                    "executed": shown,
+                },
+            )
+        )
+        EXECUTED_MISMATCHES.labels(agent_id).inc()
+    await audit.append_many(session, entries)
     return request_id

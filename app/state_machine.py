@@ -24,6 +24,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.db import dialect_of, wake_after_commit
+from signoff.app.edits import approved_changes
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
 from signoff.hooks import Decision, HookResult
@@ -272,8 +273,15 @@ def decision_for(req: ConfirmationRequest) -> HookResult:
         if req.decided_by_channel
         else None
     )
+    changes = [{"field": name, "approved": value} for name, value in approved_changes(req).items()]
     text = describe_request(
-        {"id": req.id, "status": Status(req.status).value, "reason": req.reason, "decided_by": decided_by}
+        {
+            "id": req.id,
+            "status": Status(req.status).value,
+            "reason": req.reason,
+            "decided_by": decided_by,
+            "changes": changes,
+        }
     )
     if req.status == Status.APPROVED:
         return HookResult(decision=Decision.ALLOW, reason=text, request_id=req.id)

@@ -7,7 +7,7 @@ applies them under the request's lock and moves the request through
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,13 +16,13 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, grants
+from signoff.app import audit, edits, grants
 from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row, insert_unless_taken
 from signoff.app.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.state_machine import expire, get_request, queue_updates, settle, transition
-from signoff.channels import GrantChoice, Verdict
+from signoff.channels import GrantChoice, Verdict, changes_text, edit_problem
 
 __all__ = ["VoteResult", "cast_vote", "refuse_vote", "votes_for"]
 
@@ -37,6 +37,9 @@ class VoteResult:
     message: str
     request: ConfirmationRequest
     decided: bool = False
+    unprocessable: bool = False
+    """Refused for what the vote asked (changed arguments the gates do not allow), not for
+    who cast it or when: the operator API answers 422."""
 
 
 def _describe_decided(req: ConfirmationRequest) -> str:
@@ -56,24 +59,34 @@ async def cast_vote(
     config: SignoffConfig,
     reason: str | None = None,
     grant: GrantChoice | None = None,
+    arguments: Mapping[str, Any] | None = None,
     now: datetime | None = None,
 ) -> VoteResult | None:
     """Record one vote and apply the transition it causes. None if there is no such request.
 
     ``grant``: an approval that gives this grant instead of approving the one call; every
-    gate the vote counts for must offer it. Refusals (not an approver, the requester,
-    already decided, a second vote, a grant not offered) change nothing but the audit log,
-    and say why.
+    gate the vote counts for must offer it. ``arguments``: an approval with these argument
+    fields changed (see :mod:`signoff.app.edits`). Refusals (not an approver, the
+    requester, already decided, a second vote, a grant not offered, a change the gates do
+    not allow) change nothing but the audit log, and say why.
     """
     now = now or utcnow()
     req = await get_request(session, request_id, for_update=True)
     if req is None:
         return None
+    changes = edits.changed_fields(req.arguments, arguments) if arguments else {}
     detail = _vote_detail(voter, verdict, reason, grant)
+    if changes:
+        # Values that cannot be an edit may not be storable either: the refusal names none.
+        detail["arguments"] = (
+            {"proposed": {name: req.arguments.get(name) for name in changes}, "approved": changes}
+            if edit_problem(changes) is None
+            else "refused before recording"
+        )
 
-    async def refuse(message: str) -> VoteResult:
+    async def refuse(message: str, *, unprocessable: bool = False) -> VoteResult:
         await _audit_refusal(session, req, voter, detail, message)
-        return VoteResult(False, message, req)
+        return VoteResult(False, message, req, unprocessable=unprocessable)
 
     if req.status != Status.PENDING:
         return await refuse(_describe_decided(req))
@@ -97,6 +110,14 @@ async def cast_vote(
         why_not = grants.choice_refusal(grant, [gates[i] for i in eligible], session_id=req.session_id)
         if why_not is not None:
             return await refuse(why_not)
+    if changes:
+        if verdict is not Verdict.APPROVE:
+            return await refuse(
+                "Changed arguments come with an approval, not a rejection.", unprocessable=True
+            )
+        why_not = edits.edit_refusal(req, gates, eligible, changes, config, grant=grant)
+        if why_not is not None:
+            return await refuse(why_not, unprocessable=True)
 
     # One row per gate the vote counts for; a gate this voter already voted on keeps that vote.
     counted = [
@@ -123,9 +144,16 @@ async def cast_vote(
             session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
         )
         await settle(session, req, won, Status.APPROVED, decided_by, reason, now)
+        if won and changes:
+            await edits.record_approved(session, req, changes)
         given = await grants.create_for_approval(session, req, actor=decided_by, now=now) if won else []
         how = f" {grants.approved_how(given[0])}" if given else " once"
-        return VoteResult(True, f"Approved{how} by {decided_by.name or decided_by.id}.", req, decided=True)
+        who = decided_by.name or decided_by.id
+        if won and changes:
+            how = f" {grants.approved_how(given[0])}" if given else ""
+            changed = changes_text(edits.argument_changes(req))
+            return VoteResult(True, f"Approved by {who}{how} with changes: {changed}.", req, decided=True)
+        return VoteResult(True, f"Approved{how} by {who}.", req, decided=True)
     await queue_updates(session, request_id)
     await audit.append_many(session, voted)
     return VoteResult(True, _progress(gates, counted, approvals, quorums), req)

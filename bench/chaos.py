@@ -23,6 +23,9 @@ while. At the end:
 - an approval that gave a grant (operator API or the card's grant button) has
   exactly one grant, and no other request has any: a grant exists exactly when
   its approval committed;
+- an approval with changes (operator API ``arguments`` or the Slack edit modal)
+  holds the approved arguments it was given, and no other request holds any:
+  they exist exactly when that approval committed;
 - no delivery is left pending or failed; the audit chain verifies
   (``signoff audit verify``).
 
@@ -106,6 +109,13 @@ agents:
         approvers: [alice, bob]
         timeout: 30m
         grants: [{{scope: agent, for: 1h}}]
+      - type: confirmation_gate
+        name: editing
+        tools: ["edit_*"]
+        channel: {slack}
+        approvers: [alice, bob]
+        timeout: 30m
+        editable: [amount]
 """
 GRANT = {"scope": "agent", "seconds": 3600, "same": []}
 
@@ -121,9 +131,13 @@ ACTIONS: dict[str, tuple[str, str, int, int]] = {
     "expire": ("quick", "expired", 0, 0),
     "api-grant": ("grant", "approved", 1, 0),
     "slack-grant": ("grant", "approved", 1, 0),
+    "api-edit": ("edit", "approved", 1, 0),
+    "slack-edit": ("edit", "approved", 1, 0),
 }
 GRANTING = frozenset({"api-grant", "slack-grant"})
 """Actions whose approval gives a grant."""
+EDITING = frozenset({"api-edit", "slack-edit"})
+"""Actions whose approval changes the call's ``amount`` (to :func:`edited_amount`)."""
 WEIGHTS = {
     "api-approve": 3,
     "slack-approve": 3,
@@ -135,6 +149,8 @@ WEIGHTS = {
     "expire": 1,
     "api-grant": 1,
     "slack-grant": 1,
+    "api-edit": 1,
+    "slack-edit": 1,
 }
 
 
@@ -296,6 +312,29 @@ def slack_click(rid: str, user: str, n: int, *, grant: bool = False) -> tuple[by
     return body, signed(body, timestamp=int(time.time()), secret=SECRET)
 
 
+def edited_amount(n: int) -> int:
+    """The amount an approval with changes gives request ``n`` (it asked for ``1000 + n``)."""
+    return 500 + n
+
+
+def slack_edit(rid: str, user: str, n: int) -> tuple[bytes, dict[str, str]]:
+    """The edit modal's ``view_submission``, the amount changed (as the modal the card's "Edit
+    and approve" opens would send it)."""
+    payload = submission_payload(None, request_id=rid)
+    view = payload["view"]
+    view["id"] = f"V0EDIT{n}{secrets.token_hex(3)}"
+    view["callback_id"] = "signoff_edit_approve"
+    view["private_metadata"] = json.dumps(
+        {"request_id": rid, "channel_id": CHANNEL, "fields": [["amount", "json"]]}
+    )
+    view["state"]["values"] = {
+        "signoff_edit.0": {"value": {"type": "plain_text_input", "value": str(edited_amount(n))}}
+    }
+    payload["user"]["id"] = user
+    body = form_body(payload)
+    return body, signed(body, timestamp=int(time.time()), secret=SECRET)
+
+
 def slack_reject(rid: str, user: str, n: int) -> tuple[bytes, dict[str, str]]:
     payload = submission_payload(f"chaos says no ({n})", request_id=rid)
     payload["user"]["id"] = user
@@ -310,12 +349,14 @@ async def decide(client: httpx.AsyncClient, plan: Plan, agent: dict[str, str], a
     api = f"/v1/admin/requests/{rid}/decision"
     slack = f"/callbacks/slack/{SLACK}"
 
-    async def via_api(verdict: str, who: str, grant: bool = False) -> None:
+    async def via_api(verdict: str, who: str, grant: bool = False, edit: bool = False) -> None:
         body: dict[str, Any] = {"verdict": verdict, "operator": who}
         if verdict == "reject":
             body["reason"] = "chaos says no"
         if grant:
             body["grant"] = {"scope": "agent", "for": "1h"}
+        if edit:
+            body["arguments"] = {"amount": edited_amount(plan.n)}
         # 409: a try before a crash got through, and this one is refused as a second vote.
         await call(client, "POST", api, json=body, headers=admin, accept=(200, 409))
 
@@ -346,6 +387,11 @@ async def decide(client: httpx.AsyncClient, plan: Plan, agent: dict[str, str], a
             await via_api("approve", "alice", grant=True)
         case "slack-grant":
             body, headers = slack_click(rid, "W0BOB", plan.n, grant=True)
+            await call(client, "POST", slack, content=body, headers=headers)
+        case "api-edit":
+            await via_api("approve", "bob", edit=True)
+        case "slack-edit":
+            body, headers = slack_edit(rid, "W0ALICE", plan.n)
             await call(client, "POST", slack, content=body, headers=headers)
 
 
@@ -612,6 +658,13 @@ async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) 
         if grants[req.id] != given:
             problems.append(
                 f"{req.id} ({plan.action}, {req.status}) has {grants[req.id]} grants, expected {given}"
+            )
+        edited = plan.action in EDITING and req.status == "approved"
+        want = {**req.arguments, "amount": edited_amount(plan.n)} if edited else None
+        if req.approved_arguments != want:
+            problems.append(
+                f"{req.id} ({plan.action}, {req.status}) holds approved arguments "
+                f"{req.approved_arguments}, expected {want}"
             )
 
     deliveries = snap["deliveries"]

@@ -1,7 +1,11 @@
 """Chat-channel adapters behind one small interface (see :mod:`signoff.channels._contract`)."""
 
 from signoff.channels._contract import (
+    ABSENT,
+    MAX_EDIT_BYTES,
+    MAX_EDIT_VALUE_BYTES,
     MAX_REASON_CHARS,
+    ArgumentChange,
     CallbackRejected,
     CallbackReply,
     Card,
@@ -19,10 +23,18 @@ from signoff.channels._contract import (
     Person,
     RetryableDeliveryError,
     Verdict,
+    changes_text,
+    edit_input,
+    edit_problem,
+    parse_edit_value,
 )
 
 __all__ = [
+    "ABSENT",
+    "MAX_EDIT_BYTES",
+    "MAX_EDIT_VALUE_BYTES",
     "MAX_REASON_CHARS",
+    "ArgumentChange",
     "CallbackRejected",
     "CallbackReply",
     "Card",
@@ -40,4 +52,8 @@ __all__ = [
     "Person",
     "RetryableDeliveryError",
     "Verdict",
+    "changes_text",
+    "edit_input",
+    "edit_problem",
+    "parse_edit_value",
 ]

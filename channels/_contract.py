@@ -8,15 +8,21 @@ Channels never touch the database: the server hands them a
 
 from __future__ import annotations
 
+import json
+import math
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "ABSENT",
+    "MAX_EDIT_BYTES",
+    "MAX_EDIT_VALUE_BYTES",
     "MAX_REASON_CHARS",
+    "ArgumentChange",
     "CallbackRejected",
     "CallbackReply",
     "Card",
@@ -34,6 +40,10 @@ __all__ = [
     "Person",
     "RetryableDeliveryError",
     "Verdict",
+    "changes_text",
+    "edit_input",
+    "edit_problem",
+    "parse_edit_value",
 ]
 
 MAX_REASON_CHARS = 2000
@@ -137,6 +147,118 @@ class GrantChoice:
         return text + "."
 
 
+MAX_EDIT_VALUE_BYTES = 4096
+"""The longest an edited argument value may be, as compact JSON (UTF-8 bytes)."""
+MAX_EDIT_BYTES = 16384
+"""The most every edited value of one approval may take together, as compact JSON."""
+MAX_EDIT_FIELDS = 20
+"""Argument fields one approval may change at most (a gate names at most as many)."""
+MAX_EDIT_FIELD_CHARS = 100
+_EDIT_DEPTH = 16
+
+
+def _json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` is not plain JSON that both databases store faithfully, or None."""
+    if depth > _EDIT_DEPTH:
+        return f"is nested deeper than {_EDIT_DEPTH} levels"
+    if value is None or isinstance(value, bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "is not a finite number"
+    if isinstance(value, str):
+        return None if _storable(value) else "holds " + UNSTORABLE_TEXT
+    if isinstance(value, list):
+        return next((p for p in (_json_problem(v, depth + 1) for v in value) if p), None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str) or not _storable(key):
+                return "has a key that is not storable text"
+            if (problem := _json_problem(item, depth + 1)) is not None:
+                return problem
+        return None
+    return f"is not a JSON value (a {type(value).__name__})"
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
+def edit_problem(arguments: Mapping[str, Any]) -> str | None:
+    """Why ``arguments`` (argument field → the value an approver gives it) cannot be an edit,
+    in one sentence for the approver, or None: JSON values only, at most
+    :data:`MAX_EDIT_FIELDS` fields, each value at most :data:`MAX_EDIT_VALUE_BYTES` and all
+    of them :data:`MAX_EDIT_BYTES` as compact JSON. Which fields may change is the gate's
+    to say (the server checks that)."""
+    if not isinstance(arguments, Mapping):
+        return "The changed arguments are not an object of field names and values."
+    if len(arguments) > MAX_EDIT_FIELDS:
+        return f"At most {MAX_EDIT_FIELDS} argument fields can be changed at once."
+    total = 0
+    for name, value in arguments.items():
+        if not isinstance(name, str) or not name or len(name) > MAX_EDIT_FIELD_CHARS or not _storable(name):
+            return f"{str(name)[:MAX_EDIT_FIELD_CHARS]!r} is not an argument field name."
+        if (problem := _json_problem(value)) is not None:
+            return f"The new value of {name} {problem}."
+        size = _json_size(value)
+        if size > MAX_EDIT_VALUE_BYTES:
+            return f"The new value of {name} takes {size} bytes; at most {MAX_EDIT_VALUE_BYTES} are allowed."
+        total += size
+    if total > MAX_EDIT_BYTES:
+        return f"The changed values take {total} bytes together; at most {MAX_EDIT_BYTES} are allowed."
+    return None
+
+
+def edit_input(value: Any) -> str:
+    """How an argument value is written in an edit form's text input: a string as it is,
+    anything else as JSON (:func:`parse_edit_value` reads it back)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def parse_edit_value(text: str, *, as_text: bool = False) -> Any:
+    """The value an approver typed: JSON when it parses as JSON (``40000``, ``true``,
+    ``["a"]``), else the text itself. ``as_text``: the field held text, so what was typed
+    is text whatever it looks like (``"007"`` stays a string)."""
+    if as_text:
+        return text
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentChange:
+    """One argument field an approver changed: the value proposed and the value approved
+    (``proposed`` is :data:`ABSENT` when the call did not have the field)."""
+
+    field: str
+    proposed: Any
+    approved: Any
+
+    def text(self, limit: int = 80) -> str:
+        """``amount 90000 → 40000``."""
+
+        def shown(value: Any) -> str:
+            text = "(absent)" if value is ABSENT else json.dumps(value, ensure_ascii=False, default=str)
+            return text if len(text) <= limit else text[: limit - 1] + "…"
+
+        return f"{self.field} {shown(self.proposed)} → {shown(self.approved)}"
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+"""The proposed value of a field the call did not have."""
+
+
+def changes_text(changes: Sequence[ArgumentChange], limit: int = 80) -> str:
+    """``amount 90000 → 40000, memo "a" → "b"``."""
+    return ", ".join(change.text(limit) for change in changes)
+
+
 @dataclass(frozen=True, slots=True)
 class Person:
     """Someone named on a card: their id on this channel (if known) and a display name."""
@@ -192,6 +314,11 @@ class Card:
     """Approved: the grant given with the approval (``None``: approved once)."""
     granted_until: datetime | None = None
     """When that grant expires."""
+    editable: tuple[str, ...] = ()
+    """Pending: the argument fields an approver may change before approving ("Edit and
+    approve"; their current values are in ``arguments``)."""
+    changes: tuple[ArgumentChange, ...] = ()
+    """Approved: the argument fields the approver changed (empty: approved as asked)."""
 
     @property
     def is_pending(self) -> bool:
@@ -199,13 +326,17 @@ class Card:
 
     @property
     def approved_how(self) -> str:
-        """What an approval authorized, for the decided card: ``once``, or ``for this session
-        until 2024-05-01 11:32 UTC``."""
+        """What an approval authorized, for the decided card: ``once``, ``for this session
+        until 2024-05-01 11:32 UTC``, or ``with changes: amount 90000 → 40000``."""
         if self.granted is None:
-            return "once"
-        until = self.granted_until
-        when = until.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if until else ""
-        return f"for {self.granted.where}" + (f" until {when}" if when else "")
+            how = "once" if not self.changes else ""
+        else:
+            until = self.granted_until
+            when = until.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if until else ""
+            how = f"for {self.granted.where}" + (f" until {when}" if when else "")
+        if self.changes:
+            how = f"{how} with changes: {changes_text(self.changes)}".strip()
+        return how
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +358,10 @@ class Click:
     only in the conversation its card was posted to."""
     grant: GrantChoice | None = None
     """An approval that gives this grant (the server checks that the gate offers it)."""
+    arguments: Mapping[str, Any] | None = None
+    """An approval with changes: argument field → the value the approver gave it (plain JSON,
+    within :func:`edit_problem`'s limits; the server checks that the gate lets those fields
+    change). Fields given their proposed value are no change."""
 
     def __post_init__(self) -> None:
         # Everything here is stored (votes, audit events); text no database can hold would
@@ -235,6 +370,11 @@ class Click:
         texts += [*self.identity.keys(), *self.identity.values()]
         if not all(_storable(text) for text in texts):
             raise CallbackRejected(UNSTORABLE_TEXT, status_code=400)
+        if self.arguments is not None:
+            if self.verdict is not Verdict.APPROVE:
+                raise CallbackRejected("changed arguments come with an approval", status_code=400)
+            if (problem := edit_problem(self.arguments)) is not None:
+                raise CallbackRejected(problem, status_code=400)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +425,11 @@ class ClickHandler(Protocol):
         self, channel: str, user_id: str, *, name: str | None, email: str | None
     ) -> None:
         """Attach a looked-up display name and email to the votes this user cast."""
+        ...
+
+    async def current_card(self, channel: str, request_id: str) -> Card | None:
+        """The request as it stands, drawn for ``channel`` (an edit form shows its current
+        arguments); None if there is no such request."""
         ...
 
 

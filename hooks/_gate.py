@@ -47,6 +47,7 @@ __all__ = [
     "ReportAnswer",
     "ToolCall",
     "TransportFailure",
+    "approved_edits",
     "call_digest",
     "cancel_flow",
     "describe_changes",
@@ -480,6 +481,50 @@ def _who(request: Mapping[str, Any]) -> str:
     return f" by {name} ({channel})" if isinstance(channel, str) and channel else f" by {name}"
 
 
+def approved_edits(request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The argument fields an approver changed, with their approved values, from a request
+    record's ``changes`` (None: approved as asked, or not a list of changes)."""
+    changes = request.get("changes")
+    if not isinstance(changes, list) or not changes:
+        return None
+    edits: dict[str, Any] = {}
+    for change in changes:
+        if (
+            not isinstance(change, dict)
+            or not isinstance(change.get("field"), str)
+            or "approved" not in change
+        ):
+            return None
+        edits[change["field"]] = change["approved"]
+    return edits
+
+
+def _malformed_changes(request: Mapping[str, Any]) -> bool:
+    changes = request.get("changes")
+    return changes not in (None, []) and approved_edits(request) is None
+
+
+def _approved(
+    data: Mapping[str, Any], request_id: str, base: Mapping[str, Any] | None, modified: dict[str, Any] | None
+) -> GateDecision:
+    """The decision for an approved request record: with the approver's changes applied to the
+    call's arguments (``base``); approved with changes and no arguments to apply them to is a
+    deny naming the approved values (the original call is never run)."""
+    edits = approved_edits(data)
+    reason = describe_request(data)
+    if edits is None:
+        return GateDecision(True, reason, request_id, modified_arguments=modified, request=data)
+    if base is None:
+        return GateDecision(
+            False,
+            f"{reason}; the call's own arguments are not known here, so it is not run "
+            "(ask again with the same call to run it as approved)",
+            request_id,
+            request=data,
+        )
+    return GateDecision(True, reason, request_id, modified_arguments={**base, **edits}, request=data)
+
+
 def describe_request(request: Mapping[str, Any]) -> str:
     """A one-line account of a terminal request, for the agent to show."""
     status = request.get("status")
@@ -487,7 +532,14 @@ def describe_request(request: Mapping[str, Any]) -> str:
     note = f": {reason}" if isinstance(reason, str) and reason else ""
     rid = request.get("id")
     if status == "approved":
-        return f"Approved{_who(request)}{note}"
+        edits = approved_edits(request)
+        changed = ""
+        if edits:
+            shown = ", ".join(
+                f"{k} → {json.dumps(v, ensure_ascii=False, default=str)[:80]}" for k, v in edits.items()
+            )
+            changed = f" with changes: {shown}"
+        return f"Approved{_who(request)}{changed}{note}"
     if status == "rejected":
         return f"Rejected{_who(request)}{note}"
     if status == "expired":
@@ -498,9 +550,14 @@ def describe_request(request: Mapping[str, Any]) -> str:
 
 
 def interpret_request(
-    reply: HttpReply | TransportFailure, *, request_id: str, modified_arguments: dict[str, Any] | None
+    reply: HttpReply | TransportFailure,
+    *,
+    request_id: str,
+    modified_arguments: dict[str, Any] | None,
+    base: Mapping[str, Any] | None = None,
 ) -> _Verdict:
-    """Interpret a ``<Request>`` answer (from ``/wait``, ``GET`` or ``/cancel``)."""
+    """Interpret a ``<Request>`` answer (from ``/wait``, ``GET`` or ``/cancel``). ``base``: the
+    arguments the call would run with (approved with changes, it runs with those applied)."""
     if isinstance(reply, TransportFailure):
         return _Retry(reply.error)
     if reply.status != 200:
@@ -514,21 +571,22 @@ def interpret_request(
         return _Final(_unavailable(f"Signoff answered about another request than {request_id}", request_id))
     if status == "pending":
         return _Pending(request_id, data)
-    allowed = status == "approved"
-    return _Final(
-        GateDecision(
-            allowed=allowed,
-            reason=describe_request(data),
-            request_id=request_id,
-            modified_arguments=modified_arguments if allowed else None,
-            request=data,
+    if _malformed_changes(data):
+        return _Final(
+            _unavailable(f"malformed changes in Signoff's answer for request {request_id}", request_id)
         )
+    if status == "approved":
+        return _Final(_approved(data, request_id, base, modified_arguments))
+    return _Final(
+        GateDecision(allowed=False, reason=describe_request(data), request_id=request_id, request=data)
     )
 
 
-def settle_request(reply: HttpReply | TransportFailure, *, request_id: str) -> GateDecision:
+def settle_request(
+    reply: HttpReply | TransportFailure, *, request_id: str, base: Mapping[str, Any] | None = None
+) -> GateDecision:
     """One-shot interpretation of a ``<Request>`` answer (no retries): pending → a pending deny."""
-    verdict = interpret_request(reply, request_id=request_id, modified_arguments=None)
+    verdict = interpret_request(reply, request_id=request_id, modified_arguments=None, base=base)
     if isinstance(verdict, _Final):
         return verdict.decision
     if isinstance(verdict, _Pending):
@@ -617,20 +675,23 @@ def request_path(request_id: str) -> str:
     return f"/v1/requests/{quote(request_id, safe='')}"
 
 
-def cancel_flow(request_id: str) -> Generator[Step, Outcome, GateDecision]:
+def cancel_flow(
+    request_id: str, base: Mapping[str, Any] | None = None
+) -> Generator[Step, Outcome, GateDecision]:
     """Cancel a request once; if that fails (409: already decided), read its final state.
 
     Returns the request's outcome as a decision: a cancelled request denies, one
-    approved before the cancel landed allows.
+    approved before the cancel landed allows (with its changes applied to ``base``; without
+    ``base``, one approved with changes denies naming them).
     """
     reply = yield HttpCall("POST", cancel_path(request_id), CANCEL_TIMEOUT)
     assert reply is not None
-    decision = settle_request(reply, request_id=request_id)
+    decision = settle_request(reply, request_id=request_id, base=base)
     if decision.failure is None and not decision.pending:
         return decision
     reply = yield HttpCall("GET", request_path(request_id), CANCEL_TIMEOUT)
     assert reply is not None
-    after = settle_request(reply, request_id=request_id)
+    after = settle_request(reply, request_id=request_id, base=base)
     return after if after.failure is None else decision
 
 
@@ -799,7 +860,12 @@ def gate_flow(
             params={"timeout": f"{server_wait:g}" if server_wait >= 1 else f"{server_wait:.3f}"},
         )
         assert reply is not None
-        wait_verdict = interpret_request(reply, request_id=request_id, modified_arguments=modified)
+        wait_verdict = interpret_request(
+            reply,
+            request_id=request_id,
+            modified_arguments=modified,
+            base=modified if modified is not None else call.arguments,
+        )
         if isinstance(wait_verdict, _Final):
             return wait_verdict.decision
         if isinstance(wait_verdict, _Pending):
@@ -816,11 +882,13 @@ def gate_flow(
     if settings.cancel_on_deadline:
         # Best effort, past the deadline by at most twice CANCEL_TIMEOUT. A decision that won
         # the race against the cancel is honoured (approved → allow).
-        outcome = yield from cancel_flow(request_id)
+        outcome = yield from cancel_flow(request_id, modified if modified is not None else call.arguments)
         note = "is still pending (cancelling it failed)"
         if outcome.failure is None and not outcome.pending:
             if outcome.allowed:
-                return outcome._replace(modified_arguments=modified)
+                if outcome.modified_arguments is None:
+                    return outcome._replace(modified_arguments=modified)
+                return outcome
             if (outcome.request or {}).get("status") != "cancelled":
                 return outcome
             note = "was cancelled"

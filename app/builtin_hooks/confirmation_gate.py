@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
 from signoff.channels import GrantChoice
-from signoff.channels._contract import MAX_GRANT_FIELDS
+from signoff.channels._contract import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS
 from signoff.hooks._contract import HookContext, HookResult
 
 __all__ = ["MAX_GRANTS", "ConfirmationGate", "GrantOffer", "parse_duration"]
@@ -104,6 +104,24 @@ class ConfirmationGate(ToolFilter):
     reported executed): a replay of the call's idempotency key after that is denied."""
     grants: tuple[GrantOffer, ...] = ()
     """What an approver may choose beside approving the one call (see :class:`GrantOffer`)."""
+    editable: tuple[str, ...] = ()
+    """Top-level argument fields an approver may change before approving ("Edit and
+    approve"); only with ``quorum: 1``, and never a field whose value is redacted."""
+
+    @field_validator("editable")
+    @classmethod
+    def _check_editable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) > MAX_EDIT_FIELDS:
+            raise ValueError(f"at most {MAX_EDIT_FIELDS} editable fields")
+        for name in value:
+            if not name.strip() or len(name) > MAX_FIELD_CHARS or "\x00" in name:
+                raise ValueError(
+                    f"{name!r} is not an argument field name (1 to {MAX_FIELD_CHARS} characters)"
+                )
+        repeated = sorted({n for n in value if value.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} named more than once")
+        return value
 
     @field_validator("timeout", "approval_valid_for", mode="before")
     @classmethod
@@ -148,6 +166,12 @@ class ConfirmationGate(ToolFilter):
         if self.approvers and self.quorum > len(self.approvers):
             raise ValueError(
                 f"quorum {self.quorum} is more than the {len(self.approvers)} approver(s) listed"
+            )
+        if self.editable and self.quorum > 1:
+            raise ValueError(
+                f"editable needs quorum 1: changed arguments come only from an approval that "
+                f"decides alone, and this gate waits for {self.quorum} approvals (remove "
+                "editable or set quorum: 1)"
             )
         return self
 

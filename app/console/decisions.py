@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.datastructures import FormData
@@ -12,7 +13,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.console.auth import Flash, SignedIn
 from signoff.app.console.pages import plausible_id
 from signoff.app.operators import decide
-from signoff.channels import MAX_REASON_CHARS, GrantChoice, Verdict
+from signoff.channels import MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem, parse_edit_value
 
 __all__ = ["decide_from_form"]
 
@@ -42,6 +43,18 @@ async def decide_from_form(
             grant = GrantChoice.from_dict(json.loads(chosen))
         except (ValueError, RecursionError):
             return Flash(False, "That grant is not one this request offers.")
+    arguments: dict[str, Any] = {}
+    if verdict == Verdict.APPROVE.value:
+        # ``edit:text:FIELD`` / ``edit:json:FIELD``: the approval form's inputs; empty ones
+        # keep their field, unchanged ones are no change (the state machine compares).
+        for key, typed in form.multi_items():
+            kind, _, name = key.removeprefix("edit:").partition(":")
+            if not key.startswith("edit:") or kind not in ("text", "json") or not name:
+                continue
+            if isinstance(typed, str) and typed != "":
+                arguments[name] = parse_edit_value(without_unstorable(typed), as_text=kind == "text")
+        if (problem := edit_problem(arguments)) is not None:
+            return Flash(False, problem)
     result = await decide(
         session,
         request_id,
@@ -50,6 +63,7 @@ async def decide_from_form(
         config=config,
         reason=text or None,
         grant=grant,
+        arguments=arguments or None,
         via="console",
     )
     if result is None:

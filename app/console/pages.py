@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import grants, queries
+from signoff.app import edits, grants, queries
 from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
@@ -24,7 +24,7 @@ from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
 from signoff.app.state_machine import EXPIRY, get_request
 from signoff.app.votes import votes_for
-from signoff.channels import GrantChoice, Verdict
+from signoff.channels import ArgumentChange, GrantChoice, Verdict, edit_input
 
 __all__ = [
     "AuditView",
@@ -191,6 +191,21 @@ def gate_of(req: ConfirmationRequest, config: SignoffConfig) -> GateView:
 
 
 @dataclass(frozen=True, slots=True)
+class EditableField:
+    """A field the console's approval form lets the operator change."""
+
+    name: str
+    shown: str
+    """Its current value as the input holds it (text as it is, anything else as JSON)."""
+    text: bool
+    """It holds text: what is typed stays text."""
+
+    @property
+    def input_name(self) -> str:
+        return f"edit:{'text' if self.text else 'json'}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
 class RequestView:
     req: ConfirmationRequest
     row: RequestRow
@@ -205,6 +220,12 @@ class RequestView:
     """Pending: the grants an approval here may give beside approving once."""
     given: list[Grant]
     """Approved: the grants the approval gave."""
+    editable: list[EditableField] = field(default_factory=list)
+    """Pending: the argument fields an approval here may change, with their current values."""
+    changes: tuple[ArgumentChange, ...] = ()
+    """Approved: the fields the approver changed."""
+    mismatch: bool = False
+    """Reported executed with arguments other than the approved ones."""
 
     @property
     def pending(self) -> bool:
@@ -263,6 +284,19 @@ async def request_view(
         if req.status == Status.PENDING
         else [],
         given=given,
+        editable=[
+            EditableField(
+                name,
+                edit_input(req.arguments[name]) if name in req.arguments else "",
+                isinstance(req.arguments.get(name), str),
+            )
+            for name in edits.editable_fields(gates)
+        ]
+        if req.status == Status.PENDING
+        else [],
+        changes=edits.argument_changes(req),
+        mismatch=req.executed_arguments is not None
+        and not edits.executed_as_approved(req, req.executed_arguments),
     )
 
 

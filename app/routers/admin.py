@@ -80,7 +80,10 @@ async def decide_request(
     """Approve or reject as a named operator (a vote like any other; 409 if refused).
 
     ``grant``: approve with one of the grants the request's gates offer instead of approving
-    once; a grant they do not offer is refused (409) and nothing changes."""
+    once; a grant they do not offer is refused (409) and nothing changes. ``arguments``:
+    approve with those argument fields changed; a change the gates do not allow (a field not
+    ``editable``, a redacted one, one that would bring the call under a gate not asked) is
+    refused (422) and nothing changes."""
     grant = None
     if body.grant is not None:
         seconds = int(body.grant.for_.total_seconds())
@@ -100,13 +103,15 @@ async def decide_request(
         config=runtime.config,
         reason=body.reason,
         grant=grant,
+        arguments=body.arguments,
         via="api",
     )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
     if not result.accepted:
         # Answered, not raised: the refusal's audit event is committed with the answer.
-        return JSONResponse({"detail": result.message}, status.HTTP_409_CONFLICT)
+        code = status.HTTP_422_UNPROCESSABLE_CONTENT if result.unprocessable else status.HTTP_409_CONFLICT
+        return JSONResponse({"detail": result.message}, code)
     # The trail as this unit of work leaves it, which commits before the answer is sent.
     return await _admin_view(session, request_id)
 

@@ -13,14 +13,16 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from signoff.channels._contract import Card, GrantChoice, Person, Verdict
-from signoff.channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD
+from signoff.channels._contract import Card, GrantChoice, Person, Verdict, edit_input
+from signoff.channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD, edit_field
 
 __all__ = ["MAX_ARGUMENTS_CHARS", "ToastType", "callback_body", "render_card"]
 
 MAX_ARGUMENTS_CHARS = 2000
 """Arguments beyond this many characters are cut (cards are limited to 30 KB)."""
 _MAX_FIELD_CHARS = 200
+_MAX_INPUT_CHARS = 1000
+"""The longest text a card's ``input`` holds."""
 _MAX_NAMES = 20
 
 ToastType = Literal["info", "success", "warning", "error"]
@@ -92,7 +94,9 @@ def _outcome(card: Card) -> str:
     lines = []
     if card.status == "approved":
         by = f" by {_cut(card.decided_by.name)}" if card.decided_by is not None else ""
-        lines.append(f"Approved {card.approved_how}{by}")
+        lines.append(
+            f"Approved{by} {card.approved_how}" if card.changes else f"Approved {card.approved_how}{by}"
+        )
     if card.decided_by is not None:
         lines.append(f"Decided by: {_cut(card.decided_by.name)}")
     if card.decided_at is not None:
@@ -160,7 +164,43 @@ def _buttons(card: Card) -> list[dict[str, Any]]:
         ],
     }
     grants = [_grant_button(card, i, grant) for i, grant in enumerate(card.grants)]
-    return [approve, *grants, reject_form]
+    edit_form = _edit_form(card)
+    return [approve, *grants, *([edit_form] if edit_form else []), reject_form]
+
+
+def _edit_form(card: Card) -> dict[str, Any] | None:
+    """ "Edit and approve": an input per field the approver may change, holding its current
+    value, and a submit button whose value lists the fields (and whether each held text)."""
+    inputs: list[dict[str, Any]] = []
+    fields: list[list[str]] = []
+    for name in card.editable:
+        current = card.arguments.get(name)
+        shown = edit_input(current) if name in card.arguments else ""
+        if len(shown) > _MAX_INPUT_CHARS:
+            continue
+        element: dict[str, Any] = {
+            "tag": "input",
+            "name": edit_field(len(fields)),
+            "max_length": _MAX_INPUT_CHARS,
+            "label": _plain(_cut(name, 60)),
+            "placeholder": _plain("Text as typed" if isinstance(current, str) else "JSON or text"),
+        }
+        if shown:
+            element["default_value"] = shown
+        inputs.append(element)
+        fields.append([name, "text" if isinstance(current, str) else "json"])
+    if not inputs:
+        return None
+    value = {**_value(card, Verdict.APPROVE), "edit": fields}
+    submit = {
+        "tag": "button",
+        "name": "edit_approve",
+        "text": _plain("Edit and approve"),
+        "type": "primary",
+        "form_action_type": "submit",
+        "behaviors": [{"type": "callback", "value": value}],
+    }
+    return {"tag": "form", "name": "edit_form", "elements": [*inputs, submit]}
 
 
 def render_card(card: Card) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from signoff.channels._contract import (
 from signoff.channels.feishu._card import callback_body, render_card
 from signoff.channels.feishu._config import FeishuConfig
 from signoff.channels.feishu._errors import TOKEN_INVALID_CODES, api_error
-from signoff.channels.feishu._parse import parse_click
+from signoff.channels.feishu._parse import EditRefused, parse_click
 from signoff.channels.feishu._security import CallbackKind, classify, verify_callback
 from signoff.channels.feishu._ws import LongConnection
 
@@ -234,7 +234,10 @@ class FeishuChannel:
     async def _apply_click(
         self, payload: Mapping[str, Any], handler: ClickHandler, *, legacy: bool
     ) -> CallbackReply:
-        click = parse_click(payload, legacy=legacy)
+        try:
+            click = parse_click(payload, legacy=legacy)
+        except EditRefused as exc:
+            return CallbackReply(body=callback_body("warning", str(exc)))
         task, fresh = self._click_task(click.event_id, lambda: handler.click(self.name, click))
         try:
             outcome = await asyncio.wait_for(asyncio.shield(task), self._reply_budget)

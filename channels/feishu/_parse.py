@@ -7,9 +7,27 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from signoff.channels._contract import CallbackRejected, Click, GrantChoice, Identity, Verdict
+from signoff.channels._contract import (
+    CallbackRejected,
+    Click,
+    GrantChoice,
+    Identity,
+    Verdict,
+    edit_problem,
+    parse_edit_value,
+)
 
-__all__ = ["IDENTITY", "MAX_REASON_CHARS", "REASON_FIELD", "parse_click"]
+__all__ = ["IDENTITY", "MAX_REASON_CHARS", "REASON_FIELD", "EditRefused", "edit_field", "parse_click"]
+
+
+class EditRefused(Exception):
+    """The edit form held a value that cannot be an approved argument; the clicker is told why."""
+
+
+def edit_field(index: int) -> str:
+    """``name`` of the edit form's input for the ``index``-th field."""
+    return f"edit_{index}"
+
 
 REASON_FIELD = "reason"
 """``name`` of the rejection form's input; its text arrives in ``action.form_value``."""
@@ -47,6 +65,8 @@ def _button_value(action: Mapping[str, Any]) -> tuple[str, Verdict, GrantChoice 
     if not isinstance(verdict, str) or verdict not in _VERDICTS:
         raise _unparseable("action value has no known verdict")
     grant = None
+    if "edit" in value and verdict != Verdict.APPROVE.value:
+        raise _unparseable("changed arguments come with an approval")
     if "grant" in value:
         # Drawn by this app only on approvals; anything else is not one of its buttons.
         try:
@@ -56,6 +76,35 @@ def _button_value(action: Mapping[str, Any]) -> tuple[str, Verdict, GrantChoice 
         if verdict != Verdict.APPROVE.value:
             raise _unparseable("a grant is given with an approval")
     return request_id, Verdict(verdict), grant
+
+
+def _edited(action: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The changed arguments the edit form submitted (None: not the edit form). The button's
+    value lists each field with whether it held text; an empty input leaves its field as is."""
+    value = action.get("value")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    fields = value.get("edit") if isinstance(value, dict) else None
+    if fields is None:
+        return None
+    if not isinstance(fields, list):
+        raise _unparseable("edit value is not a list of fields")
+    form = action.get("form_value")
+    form = form if isinstance(form, dict) else {}
+    arguments: dict[str, Any] = {}
+    for index, entry in enumerate(fields):
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
+            raise _unparseable("edit value names no fields")
+        name, kind = entry
+        typed = form.get(edit_field(index))
+        if isinstance(typed, str) and typed != "":
+            arguments[name] = parse_edit_value(typed, as_text=kind == "text")
+    if (problem := edit_problem(arguments)) is not None:
+        raise EditRefused(problem)
+    return arguments
 
 
 def _reason(action: Mapping[str, Any]) -> str | None:
@@ -83,8 +132,9 @@ def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
     The clicker is identified by ``open_id`` (per app); ``union_id``, ``user_id``,
     ``tenant_key``, the delivery's ``event_id`` and the card's ``open_message_id`` go
     into ``identity`` for the audit trail, the card's ``open_chat_id`` into
-    ``conversation``. Raises :class:`CallbackRejected` (400) when the click does not
-    name a request and a verdict.
+    ``conversation``. The edit form's submit is an approval with the changed arguments.
+    Raises :class:`CallbackRejected` (400) when the click does not name a request and a
+    verdict, :class:`EditRefused` when an edited value cannot be approved.
     """
     if legacy:
         operator: Mapping[str, Any] = payload
@@ -119,4 +169,5 @@ def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
         ),
         conversation=_text(context.get("open_chat_id")),
         grant=grant,
+        arguments=_edited(action),
     )

@@ -16,13 +16,18 @@ from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 from signoff.channels._contract import Identity
 from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
+    ACTION_EDIT,
     ACTION_GRANT,
     ACTION_REJECT,
+    EDIT_ACTION_ID,
+    EDIT_MODAL_CALLBACK_ID,
     REASON_ACTION_ID,
     REASON_BLOCK_ID,
     REJECT_MODAL_CALLBACK_ID,
+    edit_block_id,
     grant_value,
     render_card,
+    render_edit_modal,
     render_reject_modal,
 )
 from signoff.channels.slack._payload import (
@@ -30,6 +35,8 @@ from signoff.channels.slack._payload import (
     SIGNATURE_WINDOW_SECONDS,
     click_from_block_actions,
     click_from_view_submission,
+    edit_from_view_submission,
+    edit_press,
     parse_payload,
     verify_request,
 )
@@ -39,8 +46,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTION_APPROVE",
+    "ACTION_EDIT",
     "ACTION_GRANT",
     "ACTION_REJECT",
+    "EDIT_ACTION_ID",
+    "EDIT_MODAL_CALLBACK_ID",
     "IDENTITY",
     "MAX_BODY_BYTES",
     "REASON_ACTION_ID",
@@ -52,9 +62,13 @@ __all__ = [
     "click_from_block_actions",
     "click_from_view_submission",
     "create",
+    "edit_block_id",
+    "edit_from_view_submission",
+    "edit_press",
     "grant_value",
     "parse_payload",
     "render_card",
+    "render_edit_modal",
     "render_reject_modal",
     "verify_request",
 ]

@@ -8,20 +8,33 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.channels._contract import MAX_REASON_CHARS, Card, GateProgress, GrantChoice, Person
+from signoff.channels._contract import (
+    MAX_REASON_CHARS,
+    Card,
+    GateProgress,
+    GrantChoice,
+    Person,
+    changes_text,
+    edit_input,
+)
 
 __all__ = [
     "ACTION_APPROVE",
+    "ACTION_EDIT",
     "ACTION_GRANT",
     "ACTION_REJECT",
+    "EDIT_ACTION_ID",
+    "EDIT_MODAL_CALLBACK_ID",
     "MAX_REASON_CHARS",
     "REASON_ACTION_ID",
     "REASON_BLOCK_ID",
     "REJECT_MODAL_CALLBACK_ID",
+    "edit_block_id",
     "escape_mrkdwn",
     "grant_value",
     "reason_required_by",
     "render_card",
+    "render_edit_modal",
     "render_reject_modal",
 ]
 
@@ -30,6 +43,13 @@ ACTION_GRANT = "signoff_grant"
 """Prefix of the action ids of the grant buttons (``signoff_grant.0``, …): an approval that
 gives the grant named in the button's value."""
 ACTION_REJECT = "signoff_reject"
+ACTION_EDIT = "signoff_edit"
+"""The "Edit and approve" button: opens a modal with the fields the approver may change."""
+EDIT_MODAL_CALLBACK_ID = "signoff_edit_approve"
+EDIT_ACTION_ID = "value"
+_EDIT_BLOCK_PREFIX = "signoff_edit."
+_INPUT_LIMIT = 3000
+"""The longest text a ``plain_text_input`` holds (and its ``initial_value``)."""
 REJECT_MODAL_CALLBACK_ID = "signoff_reject_reason"
 REASON_BLOCK_ID = "signoff_reason"
 REASON_ACTION_ID = "reason"
@@ -161,6 +181,82 @@ def render_reject_modal(request_id: str, *, reason_required: bool, channel_id: s
     }
 
 
+def edit_block_id(index: int) -> str:
+    """The block id of the edit modal's input for the ``index``-th field."""
+    return f"{_EDIT_BLOCK_PREFIX}{index}"
+
+
+def render_edit_modal(card: Card, *, channel_id: str | None) -> dict[str, Any]:
+    """The ``views.open`` view of "Edit and approve": one text input per field the approver
+    may change, holding its current value (text as it is, anything else as JSON).
+
+    ``private_metadata`` carries the request id, the card's channel and each field with
+    whether it held text (what is typed there stays text) to the ``view_submission``; the
+    values are at ``state.values[edit_block_id(i)][EDIT_ACTION_ID]``. A field whose value is
+    too long for an input is left out.
+    """
+    fields: list[list[str]] = []
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": _clip(
+                        f"{_code(card.agent_id, _NAME_LIMIT)} wants to run "
+                        f"{_code(card.tool_name, _NAME_LIMIT)} "
+                        f"· request {_code(card.request_id, _NAME_LIMIT)}",
+                        _CONTEXT_TEXT_LIMIT,
+                    ),
+                }
+            ],
+        }
+    ]
+    for name in card.editable:
+        current = card.arguments.get(name)
+        shown = edit_input(current) if name in card.arguments else ""
+        if len(shown) > _INPUT_LIMIT:
+            continue
+        element: dict[str, Any] = {
+            "type": "plain_text_input",
+            "action_id": EDIT_ACTION_ID,
+            "multiline": len(shown) > 80 or "\n" in shown,
+            "max_length": _INPUT_LIMIT,
+        }
+        if shown:
+            element["initial_value"] = shown
+        blocks.append(
+            {
+                "type": "input",
+                "block_id": edit_block_id(len(fields)),
+                "optional": True,
+                "label": {"type": "plain_text", "text": _clip(name, _NAME_LIMIT)},
+                "hint": {
+                    "type": "plain_text",
+                    "text": "Text as typed."
+                    if isinstance(current, str)
+                    else 'JSON (40000, true, ["a"]) or text.',
+                },
+                "element": element,
+            }
+        )
+        fields.append([name, "text" if isinstance(current, str) else "json"])
+    metadata = json.dumps(
+        {"request_id": card.request_id, "channel_id": channel_id, "fields": fields},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return {
+        "type": "modal",
+        "callback_id": EDIT_MODAL_CALLBACK_ID,
+        "private_metadata": metadata,
+        "title": {"type": "plain_text", "text": "Edit and approve"},
+        "submit": {"type": "plain_text", "text": "Approve"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": blocks,
+    }
+
+
 def reason_required_by(block_id: str) -> bool:
     """Whether the actions block a Reject click came from asked for a reason."""
     return block_id.startswith(_ACTIONS_REASON_PREFIX)
@@ -235,13 +331,18 @@ def _arguments(card: Card) -> str:
 
 def _outcome(card: Card, icon: str, word: str) -> str:
     approved = card.status == "approved"
-    line = f"{icon} *{word}{' once' if approved and card.granted is None else ''}*"
+    once = approved and card.granted is None and not card.changes
+    line = f"{icon} *{word}{' once' if once else ''}*"
     if card.decided_by is not None:
         line += f" by {_person(card.decided_by)}"
     if approved and card.granted is not None:
         line += f" *for {card.granted.where}*"
         if card.granted_until is not None:
             line += f" until {_date(card.granted_until)}"
+    if approved and card.changes:
+        line += " *with changes:* " + _clip(
+            escape_mrkdwn(changes_text(card.changes)), _SECTION_TEXT_LIMIT // 2
+        )
     if card.decided_at is not None:
         line += f" · {_date(card.decided_at)}"
     if card.reason:
@@ -281,6 +382,18 @@ def _actions(card: Card, version: str, agent: str, tool: str) -> dict[str, Any]:
                 },
             },
             *(_grant_button(card, i, offer, value) for i, (offer, value) in enumerate(grants)),
+            *(
+                [
+                    {
+                        "type": "button",
+                        "action_id": ACTION_EDIT,
+                        "value": card.request_id,
+                        "text": {"type": "plain_text", "text": "Edit and approve", "emoji": True},
+                    }
+                ]
+                if card.editable
+                else []
+            ),
             {
                 "type": "button",
                 "action_id": ACTION_REJECT,

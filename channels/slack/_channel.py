@@ -34,14 +34,19 @@ from signoff.channels.slack import SlackConfig
 from signoff.channels.slack._blocks import (
     ACTION_REJECT,
     REASON_BLOCK_ID,
+    edit_block_id,
     escape_mrkdwn,
     reason_required_by,
     render_card,
+    render_edit_modal,
     render_reject_modal,
 )
 from signoff.channels.slack._payload import (
+    EditPress,
     click_from_block_actions,
     click_from_view_submission,
+    edit_from_view_submission,
+    edit_press,
     lower_headers,
     parse_payload,
     verify_request,
@@ -245,6 +250,9 @@ class SlackChannel:
         return CallbackReply()
 
     async def _on_block_actions(self, payload: Mapping[str, Any], handler: ClickHandler) -> CallbackReply:
+        press = edit_press(payload)
+        if press is not None:
+            return await self._open_edit(press, handler)
         click = click_from_block_actions(payload)
         if click is None:
             return CallbackReply()
@@ -282,7 +290,45 @@ class SlackChannel:
             return CallbackReply(after=partial(self._tell, channel_id, click.user_id, message))
         return CallbackReply()
 
+    async def _open_edit(self, press: EditPress, handler: ClickHandler) -> CallbackReply:
+        """Open the "Edit and approve" modal with the request's current values (within the
+        trigger's three seconds); a request no longer open to changes is said so instead."""
+        if not self._first_sighting(press.event_id):
+            return CallbackReply()
+        card = await handler.current_card(self.name, press.request_id)
+        message = None
+        if card is None or not card.is_pending:
+            message = "This request is no longer pending."
+        elif not card.editable:
+            message = "This request's arguments cannot be changed here."
+        elif press.trigger_id is None:
+            message = "Could not open the edit form."
+        if message is not None or card is None:
+            text = message or "This request no longer exists."
+            return CallbackReply(after=partial(self._tell, press.channel_id, press.user_id, text))
+        view = render_edit_modal(card, channel_id=press.channel_id)
+        try:
+            async with asyncio.timeout(_VIEWS_OPEN_TIMEOUT_SECONDS):
+                await self._client.views_open(trigger_id=press.trigger_id, view=view)
+        except _TRANSPORT_ERRORS as exc:
+            log.warning("slack channel %s: views.open failed: %s", self.name, delivery_error(exc).reason)
+            text = "Could not open the edit form in time; please click Edit and approve again."
+            return CallbackReply(after=partial(self._tell, press.channel_id, press.user_id, text))
+        return CallbackReply()
+
     async def _on_view_submission(self, payload: Mapping[str, Any], handler: ClickHandler) -> CallbackReply:
+        edited = edit_from_view_submission(payload)
+        if edited is not None:
+            # Refusals are shown on the modal, over its first input.
+            if edited.click is None:
+                errors = {edit_block_id(0): (edited.problem or "")[:_MAX_ERROR_CHARS]}
+                return CallbackReply(body={"response_action": "errors", "errors": errors})
+            outcome = await handler.click(self.name, edited.click)
+            after = partial(self._enrich, handler, edited.click.user_id)
+            if outcome.accepted:
+                return CallbackReply(body={"response_action": "clear"}, after=after)
+            errors = {edit_block_id(0): outcome.message[:_MAX_ERROR_CHARS]}
+            return CallbackReply(body={"response_action": "errors", "errors": errors}, after=after)
         click = click_from_view_submission(payload)
         if click is None:
             return CallbackReply()

@@ -7,24 +7,40 @@ import hmac
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from signoff.channels._contract import CallbackRejected, Click, GrantChoice, Verdict
+from signoff.channels._contract import (
+    CallbackRejected,
+    Click,
+    GrantChoice,
+    Verdict,
+    edit_problem,
+    parse_edit_value,
+)
 from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
+    ACTION_EDIT,
     ACTION_GRANT,
     ACTION_REJECT,
+    EDIT_ACTION_ID,
+    EDIT_MODAL_CALLBACK_ID,
     REASON_ACTION_ID,
     REASON_BLOCK_ID,
     REJECT_MODAL_CALLBACK_ID,
+    edit_block_id,
 )
 
 __all__ = [
     "MAX_BODY_BYTES",
     "SIGNATURE_WINDOW_SECONDS",
+    "EditPress",
+    "EditSubmission",
     "click_from_block_actions",
     "click_from_view_submission",
+    "edit_from_view_submission",
+    "edit_press",
     "lower_headers",
     "parse_payload",
     "verify_request",
@@ -163,6 +179,96 @@ def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
             grant=grant,
         )
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class EditPress:
+    """A press of "Edit and approve": the modal to open, for whom, from which card."""
+
+    request_id: str
+    user_id: str
+    trigger_id: str | None
+    channel_id: str | None
+    event_id: str | None
+
+
+def edit_press(payload: Mapping[str, Any]) -> EditPress | None:
+    """The "Edit and approve" press in a ``block_actions`` payload, or ``None``."""
+    user_id = _str(_obj(payload, "user"), "id")
+    if user_id is None:
+        return None
+    for action in payload.get("actions") or ():
+        if not isinstance(action, Mapping) or action.get("action_id") != ACTION_EDIT:
+            continue
+        request_id = _str(action, "value")
+        if request_id is None:
+            return None
+        action_ts = _str(action, "action_ts")
+        container = _obj(payload, "container")
+        return EditPress(
+            request_id=request_id,
+            user_id=user_id,
+            trigger_id=_str(payload, "trigger_id"),
+            channel_id=_str(_obj(payload, "channel"), "id") or _str(container, "channel_id"),
+            event_id=f"{action_ts}:{user_id}" if action_ts else None,
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EditSubmission:
+    """What the edit modal's ``view_submission`` holds: the approval with changes, or, when a
+    value cannot be one, why (shown on the modal, nothing applied)."""
+
+    click: Click | None
+    problem: str | None = None
+
+
+def edit_from_view_submission(payload: Mapping[str, Any]) -> EditSubmission | None:
+    """The approval with changes submitted from the edit modal, or ``None`` if the view is
+    not that modal. Each input is read back as :func:`~signoff.channels.parse_edit_value`
+    reads it (a field that held text stays text); an empty input leaves its field as it was.
+    ``event_id`` names the view and what was submitted."""
+    user = _obj(payload, "user")
+    user_id = _str(user, "id")
+    view = _obj(payload, "view")
+    view_id = _str(view, "id")
+    if user_id is None or view_id is None or view.get("callback_id") != EDIT_MODAL_CALLBACK_ID:
+        return None
+    try:
+        metadata = json.loads(_str(view, "private_metadata") or "")
+    except ValueError:
+        return None
+    request_id = _str(metadata, "request_id") if isinstance(metadata, Mapping) else None
+    fields = metadata.get("fields") if isinstance(metadata, Mapping) else None
+    if request_id is None or not isinstance(fields, list):
+        return None
+    values = _obj(_obj(view, "state"), "values")
+    arguments: dict[str, Any] = {}
+    for index, entry in enumerate(fields):
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
+            return None
+        name, kind = entry
+        typed = _obj(values.get(edit_block_id(index)), EDIT_ACTION_ID).get("value")
+        if isinstance(typed, str) and typed != "":
+            arguments[name] = parse_edit_value(typed, as_text=kind == "text")
+    identity = _identity(payload, user)
+    _put(identity, "view_id", view_id)
+    _put(identity, "channel_id", _str(metadata, "channel_id"))
+    if (problem := edit_problem(arguments)) is not None:
+        return EditSubmission(None, problem)
+    digest = hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:16]
+    click = Click(
+        request_id=request_id,
+        verdict=Verdict.APPROVE,
+        user_id=user_id,
+        user_name=_user_name(user),
+        event_id=f"{view_id}:{digest}",
+        identity=identity,
+        conversation=identity.get("channel_id"),
+        arguments=arguments,
+    )
+    return EditSubmission(click)
 
 
 def click_from_view_submission(payload: Mapping[str, Any]) -> Click | None:

@@ -527,3 +527,54 @@ def test_a_grant_the_gate_does_not_offer_is_one_error_line(granting: Cli, grant:
     assert len(done.stderr.strip().splitlines()) == 1
     assert granting.row(rid).status == "pending"
     assert granting.sql("SELECT count(*) FROM approval_grant") == [(0,)]
+
+
+# --- approving with changes ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def editing(cli: Cli) -> Cli:
+    """The CLI with a gate on ``send_*`` whose approver may change ``amount`` and ``memo``."""
+    raw = json.loads(json.dumps(DEFAULT_CONFIG))
+    raw["agents"]["finance-bot"]["hooks"].insert(
+        0,
+        {
+            "type": "confirmation_gate",
+            "name": "sends",
+            "tools": ["send_*"],
+            "channel": "chat",
+            "approvers": ["alice", "bob"],
+            "editable": ["amount", "memo"],
+        },
+    )
+    cli.config_file.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    cli.config = parse_config(raw, source=str(cli.config_file))
+    return cli
+
+
+def test_approve_with_set_changes_the_approved_call(editing: Cli) -> None:
+    rid = editing.request("send_payment", arguments={"to": "acme", "amount": 90000, "memo": "x"})
+    done = editing("requests", "approve", rid, "--as", "alice", "--set", "amount=40000", "--set", "memo=007")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == 'Approved by Alice with changes: amount 90000 → 40000, memo "x" → "007".'
+    shown = json.loads(editing.ok("requests", "show", rid))
+    assert shown["approved_arguments"] == {"to": "acme", "amount": 40000, "memo": "007"}
+    assert [c["field"] for c in shown["changes"]] == ["amount", "memo"]
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        ("to=elsewhere", "to cannot be changed"),
+        ("amount", "write FIELD=VALUE"),
+        ("=1", "write FIELD=VALUE"),
+        ("memo=" + "x" * 5000, "bytes"),
+    ],
+)
+def test_a_change_the_gate_does_not_allow_is_one_error_line(editing: Cli, option: str, error: str) -> None:
+    rid = editing.request("send_payment", arguments={"to": "acme", "amount": 90000})
+    done = editing("requests", "approve", rid, "--as", "alice", "--set", option)
+    assert done.returncode != 0
+    assert error in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert editing.row(rid).status == "pending"

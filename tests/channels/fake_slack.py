@@ -77,6 +77,8 @@ class FakeSlack:
         self._scripted: defaultdict[str, deque[Scripted]] = defaultdict(deque)
         self._sockets: list[web.WebSocketResponse] = []
         self._counter = 0
+        self._triggers: set[str] = set()
+        """Trigger ids already exchanged for a view (Slack takes each once)."""
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -184,13 +186,26 @@ class FakeSlack:
         return _ok({"user": user})
 
     def _views_open(self, args: dict[str, Any]) -> web.Response:
-        if not args.get("trigger_id"):
+        trigger = args.get("trigger_id")
+        if not trigger:
             return _error("invalid_trigger_id")
+        if trigger in self._triggers:
+            return _error("exchanged_trigger_id")
+        view = args.get("view")
+        if isinstance(view, str):  # slack-sdk sends the view as a JSON string in a form
+            try:
+                view = json.loads(view)
+            except ValueError:
+                return _error("invalid_arguments")
         try:
-            View(**args["view"]).validate_json()
+            View(**view).validate_json()
         except (SlackObjectFormationError, KeyError, TypeError):
             return _error("invalid_arguments")
-        return _ok({"view": {"id": "V0MODAL", **args["view"]}})
+        if not _valid_view(view):
+            return _error("invalid_arguments")
+        self._triggers.add(trigger)
+        self._counter += 1
+        return _ok({"view": {"id": f"V0MODAL{self._counter}", **view}})
 
     def _connections_open(self, args: dict[str, Any]) -> web.Response:
         return _ok({"url": f"ws://127.0.0.1:{self.port}/socket"})
@@ -205,6 +220,24 @@ class FakeSlack:
             if message.type == WSMsgType.TEXT:
                 await self.acks.put(json.loads(message.data))
         return ws
+
+
+def _valid_view(view: Any) -> bool:
+    """Modal limits slack-sdk does not check itself: ``private_metadata`` ≤ 3000 characters,
+    an input's ``initial_value`` within its ``max_length`` (and ≤ 3000), at most 100 blocks."""
+    if not isinstance(view, dict) or len(str(view.get("private_metadata", ""))) > 3000:
+        return False
+    blocks = view.get("blocks") or []
+    if len(blocks) > 100:
+        return False
+    for block in blocks:
+        element = block.get("element") if isinstance(block, dict) else None
+        if isinstance(element, dict) and element.get("type") == "plain_text_input":
+            initial = element.get("initial_value")
+            limit = min(int(element.get("max_length", 3000)), 3000)
+            if initial is not None and (not isinstance(initial, str) or len(initial) > limit):
+                return False
+    return True
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -72,7 +72,20 @@ _ELEMENT_KEYS = {
     "hr": {"tag", "element_id"},
     "button": {"tag", "name", "text", "type", "behaviors", "confirm", "form_action_type", "element_id"},
     "form": {"tag", "name", "elements", "element_id"},
-    "input": {"tag", "name", "required", "max_length", "placeholder", "label", "element_id"},
+    "input": {
+        "tag",
+        "name",
+        "required",
+        "max_length",
+        "placeholder",
+        "label",
+        "element_id",
+        # open.feishu.cn feishu-cards/card-json-v2-components/interactive-components/input.md
+        "default_value",
+        "disabled",
+        "width",
+        "label_position",
+    },
 }
 
 

@@ -894,3 +894,64 @@ async def test_plain_async_leaves_https_to_httpx() -> None:
         decision = await client.pre_tool_use("t", {})
     assert decision.allowed
     assert fake.requests[0].url == "https://signoff.test/v1/hooks/pre-tool-use"
+
+
+# --------------------------------------------------------------------------- approved with changes
+
+
+def _changed(**fields: Any) -> list[dict[str, Any]]:
+    return [
+        {"field": k, "proposed": None, "approved": v, "proposed_absent": False} for k, v in fields.items()
+    ]
+
+
+def test_approved_with_changes_runs_the_call_with_them(ask: Callable[..., Ask]) -> None:
+    """The request record names only the changed fields: the client applies them to its own
+    call, so the values it never sent in the clear (redacted there) stay its own."""
+    approved = state("req-1", "approved", changes=_changed(amount=40_000))
+    fake = Scripted().on("submit", pending("req-1")).on("wait", approved)
+    decision = ask(fake)("pay_invoice", {"amount": 90_000, "token": "secret-value"})
+    assert decision.allowed
+    assert decision.modified_arguments == {"amount": 40_000, "token": "secret-value"}
+    assert decision.reason == "Approved with changes: amount → 40000"
+
+
+def test_changes_apply_over_arguments_the_servers_hooks_rewrote(ask: Callable[..., Ask]) -> None:
+    approved = state("req-1", "approved", changes=_changed(amount=5))
+    fake = (
+        Scripted()
+        .on("submit", pending("req-1", modified_arguments={"amount": 90_000, "card": "****"}))
+        .on("wait", approved)
+    )
+    decision = ask(fake)("pay_invoice", {"amount": 90_000, "card": "4111"})
+    assert decision.modified_arguments == {"amount": 5, "card": "****"}
+
+
+@pytest.mark.parametrize("changes", ["amount", [{"approved": 1}], [{"field": 3, "approved": 1}], [7]])
+def test_malformed_changes_fail_closed(ask: Callable[..., Ask], changes: Any) -> None:
+    fake = Scripted().on("submit", pending("req-1")).on("wait", state("req-1", "approved", changes=changes))
+    decision = ask(fake)("pay_invoice", {"amount": 1})
+    assert not decision.allowed
+    assert decision.failure is not None
+
+
+def test_an_approval_with_changes_that_wins_against_cancel_runs_as_approved(ask: Callable[..., Ask]) -> None:
+    fake = (
+        Scripted()
+        .on("submit", pending("req-1"))
+        .on("wait", state("req-1"))
+        .on("cancel", state("req-1", "approved", changes=_changed(amount=2)))
+    )
+    decision = ask(fake, deadline=0.2, cancel_on_deadline=True)("pay_invoice", {"amount": 9, "to": "x"})
+    assert decision.allowed
+    assert decision.modified_arguments == {"amount": 2, "to": "x"}
+
+
+async def test_cancel_alone_never_allows_an_approval_with_changes() -> None:
+    """Without the call's own arguments the changes cannot be applied: a deny naming them."""
+    fake = Scripted().on("cancel", state("req-1", "approved", changes=_changed(amount=40_000)))
+    async with AsyncGateClient(URL, KEY, transport=httpx.MockTransport(fake)) as client:
+        decision = await client.cancel("req-1")
+    assert not decision.allowed
+    assert "amount → 40000" in (decision.reason or "")
+    assert "not run" in (decision.reason or "")

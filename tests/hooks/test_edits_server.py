@@ -1,18 +1,19 @@
-"""Edited arguments and the reports of executed calls, each runtime against the real server.
+"""Approving with changes and the reports of executed calls, each runtime against the real server.
 
-A server-side PreToolUse hook stands in for an approver's edit: it changes a large payment's
-amount from 90,000 to 60,000 before the "payments" gate sees it, so the gate asks a person
-about the edited call and Signoff answers ``allow`` with ``modified_arguments`` once they
-approve. Each adapter then runs the tool — driven by its framework's own test model — with
-the edited arguments (or, where the runtime cannot, refuses naming them), and reports the
-executed call under the key it was asked under: the report's arguments are checked in the
-audit log (the ``audit_log`` hook records every reported call) and its key against the
-ask's, as the server received both.
+The "payments" gate lets its approver change ``amount``: Bob approves a payment of 90,000 as
+60,000 through the operator API, and Signoff answers the waiting agent ``allow`` with the
+request's ``changes``, which the client applies to the call (``modified_arguments``). Each
+adapter then runs the tool — driven by its framework's own test model — with the approved
+arguments (or, where the runtime cannot, refuses naming them), and reports the executed call
+under the key it was asked under: the report's arguments are checked in the audit log (the
+``audit_log`` hook records every reported call, and a call run otherwise than approved would
+be an ``executed_mismatch``) and its key against the ask's, as the server received both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable
@@ -24,7 +25,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
-from signoff.hooks import HookContext, HookRegistry, HookResult
 from signoff.hooks.client import AsyncGateClient, GateClient
 from signoff.hooks.decorator import gate
 from tests.conftest import DEFAULT_CONFIG, Server, _truncate
@@ -33,19 +33,6 @@ from tests.hooks.test_client_server import admin_client, pending_ids, vote
 ASKED = {"invoice_id": "INV-7", "amount": 90_000}
 EDITED = {"invoice_id": "INV-7", "amount": 60_000}
 PRE, POST = "/v1/hooks/pre-tool-use", "/v1/hooks/post-tool-use"
-
-
-class EditAmount:
-    """Changes a 90,000 payment to 60,000, as an approver editing the call would."""
-
-    name = "edit amount"
-    priority = 50  # before the confirmation gate (100), which then asks about the edited call
-
-    def matches(self, ctx: HookContext) -> bool:
-        return ctx.tool_name == "pay_invoice" and ctx.arguments.get("amount") == 90_000
-
-    async def before_tool_use(self, ctx: HookContext) -> HookResult:
-        return HookResult.allow(modified_arguments={**ctx.arguments, "amount": 60_000})
 
 
 class Recorder:
@@ -82,20 +69,15 @@ def db_url(sqlite_url: str) -> str:
 
 @pytest.fixture
 def config() -> SignoffConfig:
-    agents = dict(DEFAULT_CONFIG["agents"])
+    agents = copy.deepcopy(DEFAULT_CONFIG["agents"])
     bot = agents["finance-bot"]
-    agents["finance-bot"] = {"hooks": [*bot["hooks"], {"type": "audit_log", "tools": ["*"]}]}
+    bot["hooks"][0]["editable"] = ["amount"]  # the "payments" gate
+    bot["hooks"].append({"type": "audit_log", "tools": ["*"]})
     return parse_config({**DEFAULT_CONFIG, "agents": agents}, source="test.yaml")
 
 
 @pytest.fixture
 async def server(runtime: Runtime) -> AsyncIterator[Server]:
-    configured = runtime.registries["finance-bot"]
-    runtime.registries["finance-bot"] = HookRegistry(
-        pre_tool_use=[EditAmount(), *configured.pre_tool_use],
-        post_tool_use=configured.post_tool_use,
-        session_start=configured.session_start,
-    )
     s = Server(runtime)
     s._server.config.app = Recorder(s._server.config.app)
     async with s:
@@ -110,13 +92,19 @@ def recorded(server: Server) -> Recorder:
 
 
 async def approve_when_asked(server: Server, admin_headers: dict[str, str], run: Awaitable[Any]) -> Any:
-    """Run the agent; approve the one request it makes (as Bob); return what the run returned."""
+    """Run the agent; approve the one request it makes as Bob, changing the amount to 60,000;
+    return what the run returned."""
     task = asyncio.ensure_future(run)
     async with admin_client(server.url, admin_headers) as admin:
         (rid,) = await pending_ids(server.runtime, admin)
         request = (await admin.get(f"/v1/admin/requests/{rid}")).json()
-        assert request["arguments"] == EDITED, "the gate asked about the edited call"
-        await vote(server.runtime, rid, Verdict.APPROVE, "bob")
+        assert request["arguments"] == ASKED, "the gate asked about the call as proposed"
+        decided = await admin.post(
+            f"/v1/admin/requests/{rid}/decision",
+            json={"verdict": "approve", "operator": "bob", "arguments": {"amount": 60_000}},
+        )
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["approved_arguments"] == EDITED
     return await asyncio.wait_for(task, 30)
 
 
@@ -137,6 +125,10 @@ async def assert_reported_as_run(server: Server, admin_headers: dict[str, str]) 
     assert {b["idempotency_key"] for b in bodies[PRE]} == {report["idempotency_key"]}
     (logged,) = await tool_calls(server, admin_headers)
     assert (logged["tool"], logged["arguments"]) == ("pay_invoice", EDITED)
+    async with admin_client(server.url, admin_headers) as admin:
+        actions = [e["action"] for e in (await admin.get("/v1/admin/audit")).json()]
+    assert "executed" in actions, "the report used up the approval"
+    assert "executed_mismatch" not in actions, "the call ran as approved"
 
 
 def fast(cls: type[Any], server: Server, key: str) -> Any:

@@ -89,6 +89,7 @@ GATE = {
     "approvers": ["alice", "bob"],
     "quorum": 1,
     "timeout": "30m",
+    "editable": ["amount"],
 }
 
 
@@ -626,6 +627,44 @@ async def test_a_gated_call_is_held_then_forwarded_once_approved(
     assert progress, "the client was told the call waits"
     assert progress[0][1] == 20
     assert f"request {rid}" in str(progress[0][2])
+
+
+async def test_a_call_approved_with_changes_is_forwarded_as_approved(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    """The approver changes the amount on the real server: the upstream runs the changed call,
+    and the report of it is the approved call (no ``executed_mismatch``)."""
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "20") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        call = asyncio.create_task(client.call_tool("pay_invoice", BIG))
+        (rid,) = await pending_ids(runtime, admin)
+        decided = await admin.post(
+            f"/v1/admin/requests/{rid}/decision",
+            json={"verdict": "approve", "operator": "bob", "arguments": {"amount": 40_000}},
+        )
+        assert decided.status_code == 200, decided.text
+        result = await asyncio.wait_for(call, 15)
+        assert not result.is_error
+        assert text(result) == "paid inv-1: 40000"
+        assert calls() == [{"tool": "pay_invoice", "arguments": {**BIG, "amount": 40_000, "memo": ""}}]
+
+        async def audited() -> list[str]:
+            for _ in range(100):
+                actions = [e["action"] for e in (await admin.get("/v1/admin/audit")).json()]
+                if "executed" in actions:
+                    return actions
+                await asyncio.sleep(0.05)
+            raise AssertionError("the call was not reported")
+
+        actions = await audited()
+    assert "executed_mismatch" not in actions
 
 
 async def test_a_rejected_call_is_an_error_with_the_reason(
