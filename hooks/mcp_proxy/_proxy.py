@@ -717,6 +717,7 @@ class GatingProxy:
             return _proxy_error(tool, exc)
         except BaseException:
             self.ledger.park(claim)  # the client went away or cancelled: a retry re-attaches
+            log.debug("%s was cancelled before a decision; its retry re-attaches (parked)", tool)
             raise
         if not decision.allowed:
             return self._refusal(tool, decision, claim)

@@ -73,6 +73,7 @@ from signoff.channels import Verdict
 from tests.conftest import DEFAULT_CONFIG, Server, _truncate, free_port
 from tests.hooks.signoff_fakes import KEY, LiveSignoff
 from tests.hooks.test_client_server import admin_client, pending_ids, vote
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = [sys.executable, "-m", "tests.hooks.mcp_upstream"]
@@ -137,13 +138,14 @@ async def proxied(
     key: str,
     *options: str,
     mode: str = "legacy",
+    env: dict[str, str] | None = None,
     **client: Any,
 ) -> AsyncIterator[Client]:
     """The SDK's client, over stdio, to the proxy in front of the test upstream."""
     params = StdioServerParameters(
         command=PROXY[0],
         args=[*PROXY[1:], *proxy_args(tmp_path, *options)],
-        env=proxy_env(url, key),
+        env=proxy_env(url, key, **(env or {})),
         cwd=str(REPO),
     )
     with (tmp_path / "proxy.err").open("a") as errlog:
@@ -770,7 +772,7 @@ async def test_a_call_the_client_gives_up_on_is_reattached_by_its_retry(
     calls: Callable[[], list[dict[str, Any]]],
 ) -> None:
     async with (
-        proxied(tmp_path, server.url, agent_key, "--hold", "30") as client,
+        proxied(tmp_path, server.url, agent_key, "--hold", "30", env={"SIGNOFF_DEBUG": "1"}) as client,
         admin_client(server.url, admin_headers) as admin,
     ):
         call = asyncio.create_task(client.call_tool("pay_invoice", BIG))
@@ -778,6 +780,10 @@ async def test_a_call_the_client_gives_up_on_is_reattached_by_its_retry(
         call.cancel()  # the client sends notifications/cancelled
         with pytest.raises(asyncio.CancelledError):
             await call
+        # A retry sent while the proxy still unwinds the cancelled call would be a concurrent
+        # identical call, with a key of its own; the retry comes once the call is parked.
+        log = tmp_path / "proxy.err"
+        await eventually(lambda: "its retry re-attaches (parked)" in log.read_text(), timeout=30)
         assert calls() == []
         await vote(runtime, rid, Verdict.APPROVE, "bob")
         retry = await client.call_tool("pay_invoice", BIG)
