@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from signoff.channels import Card, GrantChoice, Person
+from signoff.channels import ArgumentChange, Card, GrantChoice, Person
 from signoff.channels.slack._blocks import render_card
 
 PEOPLE = {"U0ALICE": "Alice Liu", "U0BOB": "Bob Chen", "U0DANA": "Dana Park"}
@@ -43,6 +43,7 @@ def sample_cards() -> dict[str, Card]:
         approvers=(ALICE, BOB),
         requester=Person("Dana Park", "U0DANA"),
         grants=(SESSION, AGENT),
+        editable=("amount", "memo"),
     )
     decided = {
         "status": "approved",
@@ -52,9 +53,11 @@ def sample_cards() -> dict[str, Card]:
         "grants": (),
     }
     granted = {"granted": SESSION, "granted_until": NOW + timedelta(minutes=62)}
+    edited = {"changes": (ArgumentChange("amount", 90000, 40000),), "editable": ()}
     return {
         "slack-card-pending": pending,
         "slack-card-granted": _replace(pending, **decided, **granted),
+        "slack-card-edited": _replace(pending, **decided, **edited),
     }
 
 
