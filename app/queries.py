@@ -278,4 +278,5 @@ def config_view(config: SignoffConfig) -> dict[str, Any]:
         "people": {k: p.model_dump(exclude_none=True) for k, p in config.people.items()},
         "agents": {a: c.model_dump(mode="json") for a, c in config.agents.items()},
         "redact": sorted(config.redact),
+        "webhooks": {n: masked(w.model_dump()) for n, w in config.webhooks.items()},
     }
