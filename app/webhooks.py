@@ -31,7 +31,7 @@ from standardwebhooks import Webhook
 from signoff.app.config import WebhookConfig
 from signoff.app.db import before_commit, subscribers
 from signoff.app.deliveries import WEBHOOK, owed_delivery, queue_deliveries
-from signoff.app.models import ConfirmationRequest, Grant, Vote
+from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
 from signoff.app.schemas import GrantOut, RequestOut
 from signoff.channels import PermanentDeliveryError, RetryableDeliveryError
 
@@ -78,6 +78,7 @@ async def _write(
 ) -> None:
     shown = await (_grants_shown if event in _ABOUT_GRANTS else _requests_shown)(session, ids, now)
     timestamp = _iso(now)
+    due = utcnow()  # due at once, whatever time the change was given
     rows = []
     for subject in ids:
         if subject not in shown:
@@ -86,7 +87,7 @@ async def _write(
         event_id = f"msg_{uuid.uuid4().hex}"
         payload = {"type": event, "timestamp": timestamp, "data": data}
         rows += [
-            owed_delivery(request_id, name, WEBHOOK, now, event_id=event_id, payload=payload)
+            owed_delivery(request_id, name, WEBHOOK, due, event_id=event_id, payload=payload)
             for name in names
         ]
     await queue_deliveries(session, rows)
