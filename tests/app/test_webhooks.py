@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -671,3 +672,21 @@ def test_config_names_plain_http_to_another_machine_and_versions_the_secret() ->
     view = json.dumps(config_view(config("https://h.example/")))
     assert SECRET not in view
     assert "********" in view
+
+
+def test_the_documented_check_without_a_library_agrees_with_the_reference() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "webhooks.md").read_text(encoding="utf-8")
+    snippet = doc.split("Without a library, the check is:")[1].split("```python")[1].split("```")[0]
+    scope: dict[str, Any] = {}
+    exec(snippet, scope)  # the page's own code
+    hook = WebhookConfig(url="https://h.example/", secret=SECRET, events=("grant.created",))  # type: ignore[arg-type]
+    body = webhooks.encode(
+        {"type": "grant.created", "timestamp": "t", "data": {"id": "g1", "same": {"to": "é"}}}
+    )
+    headers = webhooks.signed_headers(hook, "msg_1", body, utcnow())
+    Webhook(SECRET).verify(body, headers)
+    assert scope["verify"](SECRET, headers, body)
+    assert not scope["verify"](SECRET, headers, body.replace(b"g1", b"g2"))
+    assert not scope["verify"](OTHER_SECRET, headers, body)
+    stale = webhooks.signed_headers(hook, "msg_1", body, utcnow() - timedelta(minutes=10))
+    assert not scope["verify"](SECRET, stale, body)
