@@ -156,8 +156,9 @@ class WebhookConfig(BaseModel):
     """``whsec_`` and the base64 of 24 to 64 random bytes: the form every Standard Webhooks
     library takes, so the receiver is configured with the same string."""
     events: tuple[str, ...] = Field(min_length=1)
-    timeout: float = Field(default=10.0, gt=0, le=60)
-    """Seconds to wait for the receiver's answer."""
+    timeout: float = Field(default=10.0, gt=0, le=25)
+    """Seconds to wait for the receiver's answer (within the outbox lease, so that no other
+    dispatcher sends the event again meanwhile)."""
     max_attempts: int = Field(default=12, ge=1, le=60)
     """Attempts before the event is given up as failed (backing off up to 5 minutes apart)."""
 

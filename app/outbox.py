@@ -31,7 +31,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
 from signoff.app.deliveries import WEBHOOK
 from signoff.app.metrics import DELIVERIES, WEBHOOK_DELIVERIES
-from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
+from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
 from signoff.app.state_machine import get_request, transition
 from signoff.app.votes import votes_for
 from signoff.channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
@@ -148,28 +148,13 @@ class Dispatcher:
     async def _deliver(self, delivery_id: int, now: datetime) -> None:
         async with self._reads() as session:
             d = await session.get(Delivery, delivery_id)
-            if d is not None and d.kind == WEBHOOK:
-                await session.close()
-                await self._send_webhook(d, now)
-                return
-            req = await get_request(session, d.request_id) if d else None
-            if d is None or req is None:
-                return
-            votes = await votes_for(session, req.id)
-            post_ref: dict[str, str] | None = None
-            post_failed = False
-            if d.kind == "update":
-                post = (
-                    await session.exec(
-                        select(Delivery).where(
-                            col(Delivery.request_id) == d.request_id,
-                            col(Delivery.channel) == d.channel,
-                            col(Delivery.kind) == "post",
-                        )
-                    )
-                ).first()
-                post_ref = post.message_ref if post is not None else None
-                post_failed = post is None or post.status == OutboxStatus.FAILED
+            seen = await self._card_state(session, d) if d is not None and d.kind != WEBHOOK else None
+        if d is not None and d.kind == WEBHOOK:
+            await self._send_webhook(d, now)
+            return
+        if d is None or seen is None:
+            return
+        req, votes, post_ref, post_failed = seen
         channel = self._channels.get(d.channel)
         if channel is None:
             await self._finish(delivery_id, failed=f"no channel named {d.channel!r} is configured")
@@ -193,6 +178,31 @@ class Dispatcher:
             assert post_ref is not None
             result = await self._attempt(d, channel.update(post_ref, card), MAX_ATTEMPTS, now)
         DELIVERIES.labels(d.channel, d.kind, result).inc()
+
+    async def _card_state(
+        self, session: AsyncSession, d: Delivery
+    ) -> tuple[ConfirmationRequest, list[Vote], dict[str, str] | None, bool] | None:
+        """What drawing ``d``'s card needs: the request, its votes and, for an update, the
+        posted card's reference (and whether its post failed). None if the request is gone."""
+        req = await get_request(session, d.request_id)
+        if req is None:
+            return None
+        votes = await votes_for(session, req.id)
+        post_ref: dict[str, str] | None = None
+        post_failed = False
+        if d.kind == "update":
+            post = (
+                await session.exec(
+                    select(Delivery).where(
+                        col(Delivery.request_id) == d.request_id,
+                        col(Delivery.channel) == d.channel,
+                        col(Delivery.kind) == "post",
+                    )
+                )
+            ).first()
+            post_ref = post.message_ref if post is not None else None
+            post_failed = post is None or post.status == OutboxStatus.FAILED
+        return req, votes, post_ref, post_failed
 
     async def _send_webhook(self, d: Delivery, now: datetime) -> None:
         assert d.id is not None
