@@ -352,6 +352,39 @@ async def test_each_subscribed_webhook_gets_the_event_under_one_id(
     assert len(receiver.of_type("request.created")) == 2
 
 
+# --- crashes and replicas --------------------------------------------------------------------
+
+
+async def test_an_event_claimed_by_a_dispatcher_that_died_is_sent_once_its_lease_runs_out(
+    runtime: Runtime, receiver: Receiver
+) -> None:
+    await pending_request(runtime)
+    now = utcnow()
+    lease = timedelta(seconds=30)
+    dead = Dispatcher(
+        runtime.sessions, runtime.channels, lambda: runtime.config, wake=asyncio.Event(), lease_seconds=30
+    )
+    [row] = await webhook_rows(runtime)
+    assert row.id is not None
+    assert await dead._claim(now, 10)  # claimed, then the process is killed before sending
+    d = dispatcher(runtime)
+    assert await deliver_due(runtime, d, now + timedelta(seconds=1)) == 0  # still leased
+    assert await deliver_due(runtime, d, now + lease + timedelta(seconds=1)) == 1
+    [got] = receiver.verified
+    assert got.headers["webhook-id"] == row.event_id
+    assert (await webhook_rows(runtime))[0].status == OutboxStatus.SENT
+
+
+async def test_two_replicas_send_each_event_once(runtime: Runtime, receiver: Receiver) -> None:
+    ids = [await pending_request(runtime) for _ in range(6)]
+    one, other = dispatcher(runtime), dispatcher(runtime)
+    await asyncio.gather(one.run_once(), other.run_once())
+    while await one.run_once() + await other.run_once():
+        pass
+    assert sorted(r.event["data"]["id"] for r in receiver.of_type("request.created")) == sorted(ids)
+    assert len(receiver.verified) == 6
+
+
 # --- retries, Retry-After, permanent failures, bounded attempts --------------------------------
 
 
