@@ -24,7 +24,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.db import dialect_of, wake_after_commit
-from signoff.app.deliveries import owed_delivery, queue_deliveries
+from signoff.app.deliveries import owed_delivery, queue_deliveries  # also offered from here
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
 from signoff.hooks import Decision, HookResult
@@ -42,6 +42,8 @@ __all__ = [
     "expire",
     "expire_overdue",
     "get_request",
+    "owed_delivery",
+    "queue_deliveries",
     "queue_updates",
     "settle",
     "transition",
