@@ -131,13 +131,18 @@ def _database_error(exc: BaseException, url: str) -> CliError | None:
     return None
 
 
-def _with_session(work: Callable[[AsyncSession, Settings], Awaitable[T]]) -> T:
+def _with_session(
+    work: Callable[[AsyncSession, Settings], Awaitable[T]], *, config: SignoffConfig | None = None
+) -> T:
+    """Run ``work`` in one transaction; the events it causes (a decision, a revoked grant) are
+    owed to ``config``'s webhooks, as the server's are."""
     settings = _settings()
+    routes = config.subscribers if config is not None else None
 
     async def run() -> T:
         engine = create_engine(settings.database_url)
         try:
-            async with transaction(sessionmaker(engine)) as session:
+            async with transaction(sessionmaker(engine, webhooks=routes)) as session:
                 return await work(session, settings)
         finally:
             await engine.dispose()
@@ -422,7 +427,7 @@ def _decide(
         )
         return None if result is None else (result.accepted, result.message)
 
-    out = _with_session(work)
+    out = _with_session(work, config=config)
     if out is None:
         raise CliError(f"no request {request_id} (see `signoff requests list`)")
     accepted, message = out
@@ -510,7 +515,9 @@ def grants_revoke(
         )
         return grant is not None, revoked, grant.revoked_by if grant else None
 
-    exists, revoked, by = _with_session(work)
+    settings = _settings()
+    config = _config(settings, needed_for="`signoff grants revoke`") if settings.config is not None else None
+    exists, revoked, by = _with_session(work, config=config)
     if not exists:
         raise CliError(f"no grant {grant_id} (see `signoff grants list --all`)")
     if not revoked:

@@ -7,7 +7,10 @@ Secrets are written as ``${ENV_VAR}`` and read from the environment at load.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -18,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from signoff.app.builtin_hooks.audit_log import AuditLog
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
@@ -43,11 +47,13 @@ HOOK_TYPES = (
 )
 
 __all__ = [
+    "WEBHOOK_EVENTS",
     "AgentConfig",
     "ConfigError",
     "Operator",
     "Person",
     "SignoffConfig",
+    "WebhookConfig",
     "identity_key",
     "load_config",
     "parse_config",
@@ -133,6 +139,83 @@ class Operator(BaseModel):
     """Their key in ``people`` (defaults to the operator's own name)."""
 
 
+WEBHOOK_EVENTS = ("request.created", "request.decided", "grant.created", "grant.revoked")
+"""The events a webhook may subscribe to."""
+WEBHOOK_SECRET_PREFIX = "whsec_"
+_WEBHOOK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+class WebhookConfig(BaseModel):
+    """One receiver of signed events (Standard Webhooks). Its URL comes from this file only:
+    nothing a caller sends ever names where Signoff connects to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    """``https://…`` (or ``http://``), without credentials in it."""
+    secret: SecretStr
+    """``whsec_`` and the base64 of 24 to 64 random bytes: the form every Standard Webhooks
+    library takes, so the receiver is configured with the same string."""
+    events: tuple[str, ...] = Field(min_length=1)
+    timeout: float = Field(default=10.0, gt=0, le=25)
+    """Seconds to wait for the receiver's answer (within the outbox lease, so that no other
+    dispatcher sends the event again meanwhile)."""
+    max_attempts: int = Field(default=12, ge=1, le=60)
+    """Attempts before the event is given up as failed (backing off up to 5 minutes apart)."""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            parts = urlsplit(value.strip())
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"not a URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("an http:// or https:// URL with a host, e.g. https://hooks.example.com/signoff")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("credentials do not belong in the URL (receivers check the signature)")
+        return value.strip()
+
+    @field_validator("secret")
+    @classmethod
+    def _standard_secret(cls, value: SecretStr) -> SecretStr:
+        text = value.get_secret_value().strip()
+        encoded = text.removeprefix(WEBHOOK_SECRET_PREFIX)
+        try:
+            key = base64.b64decode(encoded, validate=True) if text != encoded else b""
+        except (binascii.Error, ValueError):
+            key = b""
+        if not 24 <= len(key) <= 64:
+            raise ValueError(
+                f"a Standard Webhooks secret: {WEBHOOK_SECRET_PREFIX} and the base64 of 24 to 64 random "
+                f"bytes, e.g. {WEBHOOK_SECRET_PREFIX}$(openssl rand -base64 32)"
+            )
+        return SecretStr(text)
+
+    @field_validator("events")
+    @classmethod
+    def _known_events(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [e for e in value if e not in WEBHOOK_EVENTS]
+        if unknown:
+            raise ValueError(f"unknown event {unknown[0]!r}; the events are {', '.join(WEBHOOK_EVENTS)}")
+        return tuple(dict.fromkeys(value))
+
+    def signing_key(self) -> bytes:
+        """The HMAC key: the secret's bytes."""
+        return base64.b64decode(self.secret.get_secret_value().removeprefix(WEBHOOK_SECRET_PREFIX))
+
+    def plaintext(self) -> bool:
+        """Whether events go unencrypted over the network (``http://`` to another machine)."""
+        host = urlsplit(self.url).hostname or ""
+        if urlsplit(self.url).scheme != "http" or host == "localhost":
+            return False
+        try:
+            return not ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return True
+
+
 class _File(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -140,6 +223,7 @@ class _File(BaseModel):
     people: dict[str, Person] = {}
     operators: dict[str, Operator] = {}
     agents: dict[str, AgentConfig] = {}
+    webhooks: dict[str, WebhookConfig] = {}
     redact: tuple[str, ...] = DEFAULT_REDACT
     version: Literal[1] = 1
 
@@ -156,6 +240,15 @@ class SignoffConfig:
     operators: Mapping[str, Operator] = field(default_factory=dict)
     version: str = ""
     """:func:`config_version` of this configuration."""
+    webhooks: Mapping[str, WebhookConfig] = field(default_factory=dict)
+
+    @cached_property
+    def _subscribers(self) -> dict[str, tuple[str, ...]]:
+        return {e: tuple(n for n, w in self.webhooks.items() if e in w.events) for e in WEBHOOK_EVENTS}
+
+    def subscribers(self, event: str) -> tuple[str, ...]:
+        """The webhooks that ``event`` is sent to, by name."""
+        return self._subscribers.get(event, ())
 
     def channel_type(self, channel: str) -> str:
         return self.channels[channel].type
@@ -250,6 +343,11 @@ class SignoffConfig:
             warn = getattr(channel, "warnings", None)
             if callable(warn):
                 found += [f"{self.source}: channels.{name}.{w}" for w in warn()]
+        for name, webhook in self.webhooks.items():
+            if webhook.plaintext():
+                found.append(
+                    f"{self.source}: webhooks.{name}.url: http:// sends every event unencrypted; use https://"
+                )
         for agent, cfg in self.agents.items():
             for i, hook in enumerate(cfg.hooks):
                 if isinstance(hook, ConfirmationGate) and not hook.approvers:
@@ -363,6 +461,11 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         except ValidationError as exc:
             problems.extend(_errors(exc, f"channels.{name}"))
 
+    problems.extend(
+        f"webhooks.{name}: a webhook's name is letters, digits, `.`, `_` and `-` (at most 200)"
+        for name in doc.webhooks
+        if not _WEBHOOK_NAME.match(name)
+    )
     problems.extend(_ambiguous_people(doc.people))
     for agent, cfg in doc.agents.items():
         secret = Redactor({*doc.redact, *cfg.redact}).secret_key
@@ -406,6 +509,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         redact=redact,
         source=source,
         operators=doc.operators,
+        webhooks=doc.webhooks,
     )
     return replace(config, version=config_version(config))
 
@@ -437,6 +541,8 @@ def config_version(config: SignoffConfig) -> str:
         "operators": {name: _plain(o) for name, o in config.operators.items()},
         "redact": sorted(config.redact),
     }
+    if config.webhooks:  # absent from the digest when none: versions of files without stay as they were
+        content["webhooks"] = {name: _plain(w) for name, w in config.webhooks.items()}
     text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

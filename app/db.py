@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +35,10 @@ __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
     "Session",
+    "Subscribers",
     "Wakeups",
     "async_url",
+    "before_commit",
     "create_engine",
     "dialect_of",
     "insert_ignoring",
@@ -44,6 +46,7 @@ __all__ = [
     "migrate",
     "on_commit",
     "sessionmaker",
+    "subscribers",
     "transaction",
     "wake_after_commit",
 ]
@@ -114,6 +117,14 @@ def _nobody(*_: object) -> None:
     pass
 
 
+Subscribers = Callable[[str], Sequence[str]]
+"""The webhooks an event is sent to (by name), under the configuration in force."""
+
+
+def _no_webhooks(_: str) -> Sequence[str]:
+    return ()
+
+
 @dataclass(frozen=True, slots=True)
 class Wakeups:
     """Whom a commit wakes in this process: the agents waiting on the requests it decided,
@@ -128,11 +139,21 @@ class Session(sqlmodel.Session):
     """The synchronous half of every session the server opens: it holds the callbacks its
     transaction owes its commit (:func:`on_commit`) and whom a commit wakes."""
 
-    def __init__(self, *args: Any, wakeups: Wakeups | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        wakeups: Wakeups | None = None,
+        webhooks: Subscribers | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.wakeups = wakeups or Wakeups()
+        self.webhooks = webhooks or _no_webhooks
+        """Whom this session's events go to; sessions made without send none."""
         self.owed: list[tuple[SessionTransaction | None, Callable[[], object]]] = []
         """Callbacks, each with the savepoint it was registered in (None: outside any)."""
+        self.before: list[tuple[SessionTransaction | None, Callable[[], Awaitable[object]]]] = []
+        """Work to do in the transaction just before it commits (:func:`before_commit`)."""
         self.woke = False
         """Whether the last commit ran callbacks (their tasks get a turn; see transaction)."""
 
@@ -144,6 +165,14 @@ def _enclosing_savepoint(savepoint: SessionTransaction) -> SessionTransaction | 
     return outer
 
 
+@event.listens_for(Session, "before_commit")
+def _before_commit(session: Session) -> None:
+    if session.before and session.get_nested_transaction() is None:
+        # Committed past transaction(): what the transaction still had to write would be lost.
+        session.before = []
+        raise RuntimeError("this transaction owes work before its commit: commit it with transaction()")
+
+
 @event.listens_for(Session, "after_commit")
 def _after_commit(session: Session) -> None:
     savepoint = session.get_nested_transaction()
@@ -151,6 +180,7 @@ def _after_commit(session: Session) -> None:
         # A savepoint was released: what it owes now waits on the transaction around it.
         outer = _enclosing_savepoint(savepoint)
         session.owed = [(outer if at is savepoint else at, fn) for at, fn in session.owed]
+        session.before = [(outer if at is savepoint else at, fn) for at, fn in session.before]
         return
     owed, session.owed = session.owed, []
     session.woke = bool(owed)
@@ -165,15 +195,17 @@ def _after_commit(session: Session) -> None:
 def _after_rollback(session: Session) -> None:
     savepoint = session.get_nested_transaction()
     if savepoint is None:
-        session.owed = []
+        session.owed, session.before = [], []
     else:
         session.owed = [(at, fn) for at, fn in session.owed if at is not savepoint]
+        session.before = [(at, fn) for at, fn in session.before if at is not savepoint]
 
 
 @event.listens_for(Session, "after_transaction_end")
 def _after_transaction_end(session: Session, ended: SessionTransaction) -> None:
     if ended.parent is None:
-        session.owed = []  # closed without a commit or a rollback (the session was closed)
+        # Closed without a commit or a rollback (the session was closed).
+        session.owed, session.before = [], []
 
 
 def _sync(session: AsyncSession) -> Session:
@@ -195,6 +227,24 @@ def on_commit(session: AsyncSession, callback: Callable[[], object]) -> None:
     sync.owed.append((sync.get_nested_transaction(), callback))
 
 
+def before_commit(session: AsyncSession, work: Callable[[], Awaitable[object]]) -> None:
+    """Run ``work`` in ``session``'s transaction just before :func:`transaction` commits it:
+    what it writes reads the transaction as it is left (rows written after this call too).
+
+    Registered inside a savepoint, it is dropped if that savepoint rolls back. Committing the
+    transaction other than through :func:`transaction` while work is owed raises.
+    """
+    sync = _sync(session)
+    if not sync.in_transaction():
+        raise RuntimeError("before_commit outside a transaction: there is no commit to wait for")
+    sync.before.append((sync.get_nested_transaction(), work))
+
+
+def subscribers(session: AsyncSession, event: str) -> Sequence[str]:
+    """The webhooks ``event`` goes to from ``session`` (see :func:`sessionmaker`)."""
+    return _sync(session).webhooks(event)
+
+
 def wake_after_commit(session: AsyncSession, *, decided: Sequence[str] = (), queued: bool = False) -> None:
     """Once ``session``'s transaction commits, wake this process's agents waiting on the
     requests ``decided``, and the outbox dispatcher if deliveries were ``queued``."""
@@ -205,15 +255,29 @@ def wake_after_commit(session: AsyncSession, *, decided: Sequence[str] = (), que
         on_commit(session, wakeups.queued)
 
 
-def sessionmaker(engine: AsyncEngine, *, wakeups: Wakeups | None = None) -> async_sessionmaker[AsyncSession]:
-    """Sessions on ``engine`` whose commits wake ``wakeups``."""
+def sessionmaker(
+    engine: AsyncEngine, *, wakeups: Wakeups | None = None, webhooks: Subscribers | None = None
+) -> async_sessionmaker[AsyncSession]:
+    """Sessions on ``engine`` whose commits wake ``wakeups`` and whose events (request created,
+    decided, grant created, revoked) are owed to the webhooks ``webhooks`` names (none without)."""
     return async_sessionmaker(
         engine,
         class_=AsyncSession,
         sync_session_class=Session,
         expire_on_commit=False,
         wakeups=wakeups or Wakeups(),
+        webhooks=webhooks or _no_webhooks,
     )
+
+
+async def _run_before_commit(session: AsyncSession) -> None:
+    sync = session.sync_session
+    if not isinstance(sync, Session):
+        return
+    while sync.before:  # work may owe more work
+        owed, sync.before = sync.before, []
+        for _, work in owed:
+            await work()
 
 
 @asynccontextmanager
@@ -227,6 +291,7 @@ async def transaction(factory: async_sessionmaker[AsyncSession]) -> AsyncIterato
     try:
         yield session
         if session.in_transaction():
+            await _run_before_commit(session)
             await session.commit()
             sync = session.sync_session
             if isinstance(sync, Session) and sync.woke:

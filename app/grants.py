@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit
+from signoff.app import audit, webhooks
 from signoff.app.audit import Action, Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
@@ -230,6 +230,7 @@ async def create_for_approval(
             for g in made
         ],
     )
+    webhooks.owe(session, webhooks.GRANT_CREATED, [g.id for g in made], now=now)
     return made
 
 
@@ -370,6 +371,7 @@ async def revoke(
             "expired": grant.expires_at <= now,
         },
     )
+    webhooks.owe(session, webhooks.GRANT_REVOKED, [grant.id], now=now)
     return grant, True
 
 

@@ -29,16 +29,17 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, edits, grants
+from signoff.app import audit, edits, grants, webhooks
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring, transaction
+from signoff.app.deliveries import owed_delivery, queue_deliveries
 from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import ConfirmationRequest, Grant, Status, from_row, utcnow
 from signoff.app.redaction import redact
 from signoff.app.single_use import spent
-from signoff.app.state_machine import DECIDED_COLUMNS, decision_for, owed_delivery, queue_deliveries
+from signoff.app.state_machine import DECIDED_COLUMNS, decision_for
 from signoff.hooks import Decision, HookContext, HookResult
 
 __all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
@@ -103,6 +104,9 @@ async def write_new_requests(
     await queue_deliveries(
         session, [owed_delivery(n.id, ch, "post", n.row["created_at"]) for n in new for ch in n.cards]
     )
+    if new:
+        created = max(n.row["created_at"] for n in new)
+        webhooks.owe(session, webhooks.REQUEST_CREATED, [n.id for n in new], now=created)
     # The audit events last: on PostgreSQL the head row is locked until commit.
     await audit.append_many(
         session,

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
+import httpx
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -154,6 +155,8 @@ def create_app(
         app.state.runtime = rt
         tasks: list[asyncio.Task[None]] = []
         scheduler = AsyncIOScheduler()
+        # Webhooks share one client (its connections); redirects are never followed.
+        http = httpx.AsyncClient(follow_redirects=False)
         if background:
             await rt.start_channels()
             _reload_on_sighup(rt)
@@ -187,6 +190,7 @@ def create_app(
                 reads=rt.reads,
                 poll_seconds=settings.outbox_poll_seconds,
                 lease_seconds=settings.outbox_lease_seconds,
+                http=http,
             )
             tasks.append(asyncio.create_task(dispatcher.run(), name="outbox"))
             tasks.append(
@@ -214,6 +218,7 @@ def create_app(
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            await http.aclose()
             if runtime is None:
                 await rt.aclose()
 

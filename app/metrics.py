@@ -20,6 +20,8 @@ __all__ = [
     "REGISTRY",
     "REQUESTS",
     "WAITERS",
+    "WEBHOOK_DELIVERIES",
+    "WEBHOOK_FAILED",
     "reason_label",
 ]
 
@@ -48,6 +50,12 @@ DELIVERIES = Counter(
     ["channel", "kind", "result"],
     registry=REGISTRY,
 )
+WEBHOOK_DELIVERIES = Counter(
+    "signoff_webhook_deliveries",
+    "Webhook events attempted, by webhook and result (sent, retry, failed).",
+    ["webhook", "result"],
+    registry=REGISTRY,
+)
 CALLBACK_REJECTIONS = Counter(
     "signoff_callback_rejections",
     "Platform callbacks refused, by channel and reason.",
@@ -61,8 +69,15 @@ EXECUTED_MISMATCHES = Counter(
     registry=REGISTRY,
 )
 REQUESTS = Gauge("signoff_requests", "Requests in the database, by status.", ["status"], registry=REGISTRY)
-OUTBOX_BACKLOG = Gauge("signoff_outbox_backlog", "Card deliveries waiting to be sent.", registry=REGISTRY)
-OUTBOX_FAILED = Gauge("signoff_outbox_failed", "Card deliveries that gave up.", registry=REGISTRY)
+OUTBOX_BACKLOG = Gauge(
+    "signoff_outbox_backlog", "Card deliveries and webhook events waiting to be sent.", registry=REGISTRY
+)
+OUTBOX_FAILED = Gauge(
+    "signoff_outbox_failed", "Card deliveries and webhook events that gave up.", registry=REGISTRY
+)
+WEBHOOK_FAILED = Gauge(
+    "signoff_webhook_failed", "Webhook events that gave up, by webhook.", ["webhook"], registry=REGISTRY
+)
 WAITERS = Gauge("signoff_waiters", "Agents long-polling on this process.", registry=REGISTRY)
 CONFIG_INFO = Gauge(
     "signoff_config_info",

@@ -214,16 +214,18 @@ class OutboxStatus(StrEnum):
 
 
 class Delivery(SQLModel, table=True):
-    """One card post or card update owed to a channel (the outbox)."""
+    """One card post or card update owed to a channel, or one event owed to a webhook (the outbox)."""
 
     __tablename__ = "delivery"
     __table_args__ = (sa.Index("ix_delivery_status_next_attempt_at", "status", "next_attempt_at"),)
 
     id: int | None = Field(default=None, primary_key=True)
     request_id: str = Field(foreign_key="confirmation_request.id", index=True, max_length=32)
+    """The request the card shows, or the event is about (a grant's: the request it was given with)."""
     channel: str = Field(max_length=200)
+    """The channel owed the card, or the webhook owed the event (its name in ``webhooks``)."""
     kind: str = Field(max_length=16)
-    """``post`` or ``update``."""
+    """``post``, ``update`` or ``webhook``."""
     status: OutboxStatus = Field(default=OutboxStatus.PENDING, sa_type=sa.String(16))
     attempts: int = 0
     next_attempt_at: datetime = _ts(default_factory=utcnow)
@@ -232,6 +234,10 @@ class Delivery(SQLModel, table=True):
     message_ref: dict[str, str] | None = Field(default=None, sa_type=sa.JSON)
     created_at: datetime = _ts(default_factory=utcnow)
     sent_at: datetime | None = _ts(default=None, nullable=True)
+    event_id: str | None = Field(default=None, max_length=64)
+    """A webhook's ``webhook-id``: the same on every attempt, so receivers can drop repeats."""
+    payload: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    """A webhook's body ``{type, timestamp, data}``, as the event's transaction left things."""
 
 
 class Switch(SQLModel, table=True):

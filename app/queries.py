@@ -17,9 +17,10 @@ from sqlmodel.sql.expression import SelectOfScalar
 
 from signoff.app.audit import verify_chain
 from signoff.app.config import SignoffConfig
+from signoff.app.deliveries import WEBHOOK
 from signoff.app.eligibility import gates_of
 from signoff.app.grants import grants_by_request
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, OutboxStatus, Status, Vote
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
 from signoff.app.state_machine import get_request
 from signoff.app.votes import votes_for
@@ -34,6 +35,7 @@ __all__ = [
     "config_view",
     "count_requests",
     "deliveries_for",
+    "failed_webhooks",
     "iter_requests",
     "list_requests",
     "masked",
@@ -202,8 +204,19 @@ async def request_trail(session: AsyncSession, request_id: str) -> list[AuditEve
 
 
 async def deliveries_for(session: AsyncSession, request_id: str) -> list[Delivery]:
-    """The card posts and updates owed or sent for one request, in order."""
+    """The card posts, card updates and webhook events owed or sent for one request, in order."""
     stmt = select(Delivery).where(col(Delivery.request_id) == request_id).order_by(col(Delivery.id))
+    return list((await session.exec(stmt)).all())
+
+
+async def failed_webhooks(session: AsyncSession, *, limit: int = 200) -> list[Delivery]:
+    """Webhook events that gave up, newest first."""
+    stmt = (
+        select(Delivery)
+        .where(col(Delivery.kind) == WEBHOOK, col(Delivery.status) == OutboxStatus.FAILED)
+        .order_by(col(Delivery.id).desc())
+        .limit(limit)
+    )
     return list((await session.exec(stmt)).all())
 
 
@@ -278,4 +291,5 @@ def config_view(config: SignoffConfig) -> dict[str, Any]:
         "people": {k: p.model_dump(exclude_none=True) for k, p in config.people.items()},
         "agents": {a: c.model_dump(mode="json") for a, c in config.agents.items()},
         "redact": sorted(config.redact),
+        "webhooks": {n: masked(w.model_dump()) for n, w in config.webhooks.items()},
     }

@@ -129,7 +129,15 @@ class Runtime:
             log.warning("%s", warning)
         engine = create_engine(settings.database_url)
         hub, outbox_wake = Hub(), asyncio.Event()
-        sessions = sessionmaker(engine, wakeups=Wakeups(decided=hub.notify, queued=outbox_wake.set))
+        runtime: Runtime | None = None
+
+        def subscribers(event: str) -> tuple[str, ...]:
+            # The configuration in force when the event is owed (reloads swap it).
+            return (runtime.config if runtime is not None else config).subscribers(event)
+
+        sessions = sessionmaker(
+            engine, wakeups=Wakeups(decided=hub.notify, queued=outbox_wake.set), webhooks=subscribers
+        )
         # PostgreSQL: reads in autocommit, as READ COMMITTED gives each statement its own
         # snapshot anyway, without the BEGIN and ROLLBACK round trips.
         reads = sessionmaker(
@@ -139,7 +147,8 @@ class Runtime:
         )
         built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
         built.update(channels or {})
-        return cls(settings, config, engine, sessions, hub, outbox_wake, reads, built, _registries(config))
+        runtime = cls(settings, config, engine, sessions, hub, outbox_wake, reads, built, _registries(config))
+        return runtime
 
     async def report_replica(self) -> None:
         """Record the configuration this process runs, for the console's replica view."""

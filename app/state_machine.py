@@ -21,9 +21,10 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit
+from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.db import dialect_of, wake_after_commit
+from signoff.app.deliveries import owed_delivery, queue_deliveries  # also offered from here
 from signoff.app.edits import approved_changes
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
@@ -77,7 +78,6 @@ def decided_columns(actor: Actor, reason: str | None, now: datetime) -> dict[str
 
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
 _DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
-_INSERT_DELIVERY = sa.insert(_DELIVERIES)
 _GET = select(ConfirmationRequest).where(col(ConfirmationRequest.id) == sa.bindparam("request_id"))
 _GET_FOR_UPDATE = _GET.with_for_update()
 _CARDS = (
@@ -103,13 +103,17 @@ def _observe(status: Status, now: datetime, created_at: datetime) -> None:
     DECISION_SECONDS.labels(status.value).observe(max(0.0, (now - created_at).total_seconds()))
 
 
-async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, notified: bool = False) -> None:
+async def _mark_decided(
+    session: AsyncSession, request_ids: Sequence[str], now: datetime, *, notified: bool = False
+) -> None:
     """Wake waiters once this transaction commits: in this process, and on PostgreSQL in every
     process listening (NOTIFY is delivered at commit, and never if the transaction rolls back).
-    ``notified``: the NOTIFY was already sent (within the deciding statement)."""
+    ``notified``: the NOTIFY was already sent (within the deciding statement). The decisions
+    are owed to the webhooks subscribed to ``request.decided``."""
     if not request_ids:
         return
     wake_after_commit(session, decided=request_ids)
+    webhooks.owe(session, webhooks.REQUEST_DECIDED, request_ids, now=now)
     if not notified and _on_postgres(session):
         for i in range(0, len(request_ids), NOTIFY_BATCH):
             payload = ",".join(request_ids[i : i + NOTIFY_BATCH])
@@ -118,30 +122,6 @@ async def _mark_decided(session: AsyncSession, request_ids: Sequence[str], *, no
 
 def _on_postgres(session: AsyncSession) -> bool:
     return dialect_of(session) == "postgresql"
-
-
-def owed_delivery(request_id: str, channel: str, kind: str, now: datetime) -> dict[str, Any]:
-    """The outbox row owing ``channel`` the request's card: its ``post``, or an ``update``."""
-    return {
-        "request_id": request_id,
-        "channel": channel,
-        "kind": kind,
-        "status": OutboxStatus.PENDING,
-        "attempts": 0,
-        "next_attempt_at": now,
-        "leased_until": None,
-        "last_error": None,
-        "message_ref": None,
-        "created_at": now,
-        "sent_at": None,
-    }
-
-
-async def queue_deliveries(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
-    """Write the outbox rows ``rows`` (:func:`owed_delivery`); the dispatcher wakes at commit."""
-    if rows:
-        await session.exec(_INSERT_DELIVERY, params=rows)
-        wake_after_commit(session, queued=True)
 
 
 async def queue_updates(session: AsyncSession, request_id: str) -> None:
@@ -210,7 +190,7 @@ async def transition(
         return False
     _observe(target, now, row[0])
     await queue_updates(session, request_id)
-    await _mark_decided(session, [request_id], notified=postgres)
+    await _mark_decided(session, [request_id], now, notified=postgres)
     # The audit events last: on PostgreSQL the head row stays locked until commit.
     await audit.append_many(
         session, [*along, audit.Entry(audit.Action(target.value), actor, request_id, {"reason": reason})]
@@ -251,7 +231,7 @@ async def expire_overdue(
             session, audit.Action.EXPIRED, actor=EXPIRY, request_id=rid, detail={"reason": EXPIRED_REASON}
         )
         await queue_updates(session, rid)
-    await _mark_decided(session, expired)
+    await _mark_decided(session, expired, now)
     return expired
 
 

@@ -11,7 +11,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
-from signoff.app import grants
+from signoff.app import grants, queries
 from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
 from signoff.app.console import auth, pages
@@ -284,6 +284,22 @@ async def revoke_grant(
     response = _see_other("/ui/grants")
     auth.set_flash(response, request, flash)
     return response
+
+
+# --- webhooks ------------------------------------------------------------------------------------
+
+
+@router.get("/webhooks")
+async def show_webhooks(
+    request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep
+) -> Response:
+    """The configured webhooks, and the events that could not be delivered to them."""
+    failed = await queries.failed_webhooks(session)
+    return page(
+        request,
+        "webhooks.html",
+        {"who": who, "nav": "webhooks", "webhooks": runtime.config.webhooks, "failed": failed},
+    )
 
 
 # --- history and exports -------------------------------------------------------------------------

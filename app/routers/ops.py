@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlmodel import col, select
 
 from signoff.app import metrics as m
+from signoff.app.deliveries import WEBHOOK
 from signoff.app.deps import RuntimeDep
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status
 
@@ -44,11 +45,22 @@ async def metrics(runtime: RuntimeDep) -> PlainTextResponse:
         by_outbox = (
             await session.exec(select(Delivery.status, sa.func.count()).group_by(col(Delivery.status)))
         ).all()
+        failed_webhooks = (
+            await session.exec(
+                select(Delivery.channel, sa.func.count())
+                .where(col(Delivery.kind) == WEBHOOK, col(Delivery.status) == OutboxStatus.FAILED)
+                .group_by(col(Delivery.channel))
+            )
+        ).all()
     counts = {str(s): int(n) for s, n in by_status}
     for st in Status:
         m.REQUESTS.labels(st.value).set(counts.get(st.value, 0))
     outbox = {str(s): int(n) for s, n in by_outbox}
     m.OUTBOX_BACKLOG.set(outbox.get(OutboxStatus.PENDING.value, 0))
     m.OUTBOX_FAILED.set(outbox.get(OutboxStatus.FAILED.value, 0))
+    failed = {str(name): int(n) for name, n in failed_webhooks}
+    m.WEBHOOK_FAILED.clear()
+    for name in {*runtime.config.webhooks, *failed}:
+        m.WEBHOOK_FAILED.labels(name).set(failed.get(name, 0))
     m.WAITERS.set(runtime.hub.waiting)
     return PlainTextResponse(generate_latest(m.REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -578,3 +578,27 @@ def test_a_change_the_gate_does_not_allow_is_one_error_line(editing: Cli, option
     assert error in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert editing.row(rid).status == "pending"
+
+
+def test_decisions_and_revocations_from_the_command_line_are_owed_to_webhooks(granting: Cli) -> None:
+    cli = granting
+    raw = yaml.safe_load(cli.config_file.read_text(encoding="utf-8"))
+    secret = "whsec_" + "A" * 43 + "="
+    raw["webhooks"] = {
+        "sink": {
+            "url": "https://hooks.example.com/in",
+            "secret": secret,
+            "events": ["request.decided", "grant.revoked"],
+        }
+    }
+    cli.config_file.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    rid = cli.request("transfer_funds", arguments={"to": "acme", "amount": 5})
+    cli.ok("requests", "approve", rid, "--as", "alice", "--grant", "agent:30m")
+    [line] = cli.ok("grants", "list").splitlines()
+    cli.ok("grants", "revoke", line.split()[0], "--as", "bob")
+    rows = cli.sql("SELECT channel, kind, payload FROM delivery WHERE kind = 'webhook' ORDER BY id")
+    assert [(ch, json.loads(p)["type"]) for ch, _, p in rows] == [
+        ("sink", "request.decided"),
+        ("sink", "grant.revoked"),
+    ]
+    assert json.loads(rows[0][2])["data"]["status"] == "approved"

@@ -1,0 +1,57 @@
+"""The outbox's rows: what a transaction owes channels (card posts and updates) and webhooks
+(events). Written in the transaction of the change that owes them; the dispatcher
+(:mod:`signoff.app.outbox`) sends them after commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from signoff.app.db import wake_after_commit
+from signoff.app.models import Delivery, OutboxStatus
+
+__all__ = ["WEBHOOK", "owed_delivery", "queue_deliveries"]
+
+WEBHOOK = "webhook"
+"""The kind of an event owed to a webhook (whose name is the row's ``channel``)."""
+
+_INSERT = sa.insert(Delivery.__table__)  # type: ignore[attr-defined]
+
+
+def owed_delivery(
+    request_id: str,
+    channel: str,
+    kind: str,
+    now: datetime,
+    *,
+    event_id: str | None = None,
+    payload: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The outbox row owing ``channel`` the request's card (its ``post``, or an ``update``), or
+    owing the webhook ``channel`` the event ``payload`` (kind :data:`WEBHOOK`)."""
+    return {
+        "request_id": request_id,
+        "channel": channel,
+        "kind": kind,
+        "status": OutboxStatus.PENDING,
+        "attempts": 0,
+        "next_attempt_at": now,
+        "leased_until": None,
+        "last_error": None,
+        "message_ref": None,
+        "created_at": now,
+        "sent_at": None,
+        "event_id": event_id,
+        "payload": payload,
+    }
+
+
+async def queue_deliveries(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Write the outbox rows ``rows`` (:func:`owed_delivery`); the dispatcher wakes at commit."""
+    if rows:
+        await session.exec(_INSERT, params=rows)
+        wake_after_commit(session, queued=True)
