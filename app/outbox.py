@@ -1,4 +1,9 @@
-"""The outbox dispatcher: delivers card posts and updates after commit.
+"""The outbox dispatcher: delivers card posts and updates, reminders and escalations after commit.
+
+Reminders and escalations are rows written with the request, due at their time: the
+lease makes each go out once across replicas and restarts, and one that comes due after
+the request was decided is skipped. Each sent is audited in the transaction that marks
+it sent.
 
 Rows are claimed with a lease (a conditional UPDATE), so several dispatchers,
 in one process or many, never send the same row at once; a crash simply lets the
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -21,12 +26,22 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, or_, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app import audit
 from signoff.app.audit import Actor
-from signoff.app.cards import build_card
+from signoff.app.cards import build_card, escalated_to, waiting_on
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
+from signoff.app.eligibility import gates_of
 from signoff.app.metrics import DELIVERIES
-from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
+from signoff.app.models import (
+    CARD_KINDS,
+    ConfirmationRequest,
+    Delivery,
+    DeliveryKind,
+    OutboxStatus,
+    Status,
+    utcnow,
+)
 from signoff.app.state_machine import get_request, transition
 from signoff.app.votes import votes_for
 from signoff.channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
@@ -92,9 +107,10 @@ class Dispatcher:
 
     async def run_once(self, *, now: datetime | None = None) -> int:
         """Claim and deliver what is due now; returns how many rows were handled."""
-        ids = await self._claim(now or utcnow(), self._concurrency * 4)
+        now = now or utcnow()
+        ids = await self._claim(now, self._concurrency * 4)
         if ids:
-            await asyncio.gather(*(self._deliver_guarded(i) for i in ids))
+            await asyncio.gather(*(self._deliver_guarded(i, now) for i in ids))
         return len(ids)
 
     async def _claim(self, now: datetime, limit: int) -> list[int]:
@@ -128,59 +144,92 @@ class Dispatcher:
                     claimed.append(did)
             return claimed
 
-    async def _deliver_guarded(self, delivery_id: int) -> None:
+    async def _deliver_guarded(self, delivery_id: int, now: datetime) -> None:
         async with self._slots:
             try:
-                await self._deliver(delivery_id)
+                await self._deliver(delivery_id, now)
             except Exception:
                 log.exception("delivery %s failed unexpectedly", delivery_id)
 
-    async def _deliver(self, delivery_id: int) -> None:
+    async def _deliver(self, delivery_id: int, now: datetime) -> None:
         async with self._reads() as session:
             d = await session.get(Delivery, delivery_id)
             req = await get_request(session, d.request_id) if d else None
             if d is None or req is None:
                 return
             votes = await votes_for(session, req.id)
-            post_ref: dict[str, str] | None = None
-            post_failed = False
-            if d.kind == "update":
-                post = (
+            # The channel's card: the first row that may post one (a post, or an escalation).
+            card_row = None
+            if d.kind != DeliveryKind.POST:
+                card_row = (
                     await session.exec(
-                        select(Delivery).where(
+                        select(Delivery)
+                        .where(
                             col(Delivery.request_id) == d.request_id,
                             col(Delivery.channel) == d.channel,
-                            col(Delivery.kind) == "post",
+                            col(Delivery.kind).in_(CARD_KINDS),
                         )
+                        .order_by(col(Delivery.id))
                     )
                 ).first()
-                post_ref = post.message_ref if post is not None else None
-                post_failed = post is None or post.status == OutboxStatus.FAILED
         channel = self._channels.get(d.channel)
         if channel is None:
             await self._finish(delivery_id, failed=f"no channel named {d.channel!r} is configured")
             return
-        card = build_card(req, votes, self._config(), channel.type, channel=d.channel)
-
-        if d.kind == "update" and post_ref is None:
-            if post_failed:
-                await self._finish(delivery_id, failed="the card was never posted")
-            else:
-                # The post has not gone out yet; it will show the latest state anyway.
-                await self._retry(
-                    delivery_id, d.attempts, "waiting for the card to be posted", 1.0, count=False
-                )
+        config = self._config()
+        card = build_card(req, votes, config, channel.type, channel=d.channel, now=now)
+        kind = d.kind
+        if kind in (DeliveryKind.REMIND, DeliveryKind.ESCALATE) and req.status != Status.PENDING:
+            await self._finish(delivery_id, skipped=f"the request was {req.status} before the {kind} was due")
             return
+        # An escalation brings the card to its channel, unless the channel has the card already
+        # (an earlier row posted it): then it replies under it, naming the new approvers.
+        notice = kind == DeliveryKind.ESCALATE and card_row is not None and card_row.id != d.id
+        ref: dict[str, str] | None = None
+        if kind in (DeliveryKind.UPDATE, DeliveryKind.REMIND) or notice:
+            ref, why_not = _card_ref(card_row)
+            if ref is None:
+                if why_not is None:
+                    # The post has not gone out yet; it will show the latest state anyway.
+                    await self._retry(
+                        delivery_id, d.attempts, "waiting for the card to be posted", 1.0, count=False
+                    )
+                elif card_row is not None and card_row.status == OutboxStatus.SKIPPED:
+                    await self._finish(delivery_id, skipped=why_not)
+                else:
+                    await self._finish(delivery_id, failed=why_not)
+                return
         result = "sent"
         try:
-            if d.kind == "post":
-                ref = await channel.post(card)
-                await self._finish(delivery_id, ref=ref)
-                log.info("posted card for %s to %s", req.id, d.channel)
-            else:
-                assert post_ref is not None
-                await channel.update(post_ref, card)
+            if kind == DeliveryKind.POST or (kind == DeliveryKind.ESCALATE and not notice):
+                posted = await channel.post(card)
+                await self._finish(delivery_id, ref=posted, along=self._escalated(d, req, posted=True))
+                log.info("posted card for %s to %s (%s)", req.id, d.channel, kind)
+            elif kind == DeliveryKind.UPDATE and ref is not None:
+                await channel.update(ref, card)
                 await self._finish(delivery_id)
+            elif (
+                kind == DeliveryKind.ESCALATE
+                and ref is not None
+                and d.gate is not None
+                and d.step is not None
+            ):
+                added = escalated_to(req, config, channel.type, gate=d.gate, step=d.step)
+                await channel.remind(ref, card, added, key=_key(d))
+                await self._finish(delivery_id, along=self._escalated(d, req, posted=False))
+            elif kind == DeliveryKind.REMIND and ref is not None and d.gate is not None:
+                waiting = waiting_on(req, votes, config, channel.type, gate=d.gate, now=now)
+                await channel.remind(ref, card, waiting, key=_key(d))
+                detail = {
+                    "channel": d.channel,
+                    "gate": _gate_name(req, d.gate),
+                    "point": d.step,
+                    "waiting_on": [p.name for p in waiting],
+                }
+                entry = audit.Entry(audit.Action.REMINDED, _OUTBOX, req.id, detail)
+                await self._finish(delivery_id, along=[entry])
+            else:
+                await self._finish(delivery_id, failed=f"not a delivery Signoff can make: {d.kind!r}")
         except RetryableDeliveryError as exc:
             result = "retry"
             if d.attempts + 1 >= MAX_ATTEMPTS:
@@ -197,18 +246,45 @@ class Dispatcher:
             await self._retry(delivery_id, d.attempts, f"{type(exc).__name__}: {exc}", backoff(d.attempts))
         DELIVERIES.labels(d.channel, d.kind, result).inc()
 
+    @staticmethod
+    def _escalated(d: Delivery, req: ConfirmationRequest, *, posted: bool) -> list[audit.Entry]:
+        """The audit event of escalation ``d`` (none for a card post)."""
+        if d.kind != DeliveryKind.ESCALATE or d.gate is None or d.step is None:
+            return []
+        step = gates_of(req)[d.gate].escalations[d.step]
+        detail = {
+            "channel": d.channel,
+            "gate": _gate_name(req, d.gate),
+            "step": d.step,
+            "approvers": list(step.approvers),
+            "card": "posted" if posted else "replied under the card already there",
+        }
+        return [audit.Entry(audit.Action.ESCALATED, _OUTBOX, req.id, detail)]
+
     async def _finish(
-        self, delivery_id: int, *, ref: dict[str, str] | None = None, failed: str | None = None
+        self,
+        delivery_id: int,
+        *,
+        ref: dict[str, str] | None = None,
+        failed: str | None = None,
+        skipped: str | None = None,
+        along: Sequence[audit.Entry] = (),
     ) -> None:
+        """Mark the row done: sent (with the card's ``ref``, and the audit events ``along`` in
+        the same transaction), ``failed`` or ``skipped`` for the reason given."""
         async with transaction(self._sessions) as session:
             values: dict[str, object] = {"leased_until": None, "attempts": Delivery.attempts + 1}
-            if failed is None:
+            if failed is not None:
+                values |= {"status": OutboxStatus.FAILED.value, "last_error": failed}
+            elif skipped is not None:
+                values |= {"status": OutboxStatus.SKIPPED.value, "last_error": skipped}
+            else:
                 values |= {"status": OutboxStatus.SENT.value, "sent_at": utcnow(), "last_error": None}
                 if ref is not None:
                     values["message_ref"] = ref
-            else:
-                values |= {"status": OutboxStatus.FAILED.value, "last_error": failed}
             await session.exec(sa.update(Delivery).where(col(Delivery.id) == delivery_id).values(**values))
+            if along:
+                await audit.append_many(session, along)
 
     async def _retry(
         self, delivery_id: int, attempts: int, error: str, delay: float, *, count: bool = True
@@ -227,11 +303,40 @@ class Dispatcher:
 
     async def _give_up(self, d: Delivery, exc: DeliveryError) -> None:
         assert d.id is not None
-        reason = f"could not deliver the card to {d.channel}: {exc.reason}"
+        what = "the card" if d.kind in (DeliveryKind.POST, DeliveryKind.UPDATE) else f"the {d.kind}"
+        reason = f"could not deliver {what} to {d.channel}: {exc.reason}"
         log.warning("%s (request %s)", reason, d.request_id)
         await self._finish(d.id, failed=exc.reason)
-        if d.kind == "post":
+        # Only a card nobody can see cancels: a reminder or an escalation that cannot go out
+        # leaves the request to the cards it has.
+        if d.kind == DeliveryKind.POST:
             async with transaction(self._sessions) as session:
                 await transition(
                     session, d.request_id, Status.CANCELLED, actor=Actor("system", "outbox"), reason=reason
                 )
+
+
+_OUTBOX = Actor("system", "outbox")
+
+
+def _card_ref(card_row: Delivery | None) -> tuple[dict[str, str] | None, str | None]:
+    """The posted card's reference, or why there is none: None while it is still to be posted."""
+    if card_row is None or card_row.status == OutboxStatus.FAILED:
+        return None, "the card was never posted"
+    if card_row.status == OutboxStatus.SKIPPED:
+        return None, "the card was never posted: the request was decided first"
+    if card_row.message_ref is None:
+        if card_row.status == OutboxStatus.SENT:
+            return None, "the card was posted without a reference"
+        return None, None
+    return {str(k): str(v) for k, v in card_row.message_ref.items()}, None
+
+
+def _key(d: Delivery) -> str:
+    """The reminder's idempotency key: one per outbox row, the same on every attempt."""
+    return f"{d.request_id}-{d.kind}-{d.id}"
+
+
+def _gate_name(req: ConfirmationRequest, gate: int) -> str:
+    gates = gates_of(req)
+    return gates[gate].name if gate < len(gates) else str(gate)
