@@ -54,7 +54,9 @@ CALLBACK_REJECTIONS = Counter(
     registry=REGISTRY,
 )
 REQUESTS = Gauge("signoff_requests", "Requests in the database, by status.", ["status"], registry=REGISTRY)
-OUTBOX_BACKLOG = Gauge("signoff_outbox_backlog", "Card deliveries waiting to be sent.", registry=REGISTRY)
+OUTBOX_BACKLOG = Gauge(
+    "signoff_outbox_backlog", "Deliveries due and not sent yet (reminders count once due).", registry=REGISTRY
+)
 OUTBOX_FAILED = Gauge("signoff_outbox_failed", "Card deliveries that gave up.", registry=REGISTRY)
 WAITERS = Gauge("signoff_waiters", "Agents long-polling on this process.", registry=REGISTRY)
 CONFIG_INFO = Gauge(
