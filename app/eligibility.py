@@ -216,7 +216,7 @@ def _elapsed(created_at: datetime | None, now: datetime | None) -> float | None:
 def _refused(
     gate: GateSnapshot, channel: str, elapsed: float | None, voter: Voter, config: SignoffConfig
 ) -> str | None:
-    own = GateSnapshot(channel=channel, escalations=gate.escalations, approvers=gate.approvers)
+    own = gate if gate.channel == channel else gate.model_copy(update={"channel": channel})
     if not voter.operator and voter.channel not in own.channels_at(elapsed):
         return NOT_HERE
     approvers = own.approvers_at(elapsed)
@@ -285,16 +285,13 @@ def card_gates(
 
 
 def asked(gates: Sequence[GateSnapshot], *, within: float) -> list[str]:
-    """The names of everyone the gates asked in the first ``within`` seconds (escalations
-    that came before then included), each once."""
+    """The names of everyone the gates asked in the first ``within`` seconds (the approvers of
+    escalations that came before then included), each once."""
     names: dict[str, None] = {}
     for gate in gates:
-        for approver in gate.approvers_at(within - 1e-9) or ():
+        came = [e for e in gate.escalations if e.after_seconds < within]
+        for approver in [*gate.approvers, *(a for e in came for a in e.approvers)]:
             names[gate.name_of(approver)] = None
-        if not gate.approvers:
-            for step in gate.due(within - 1e-9):
-                for approver in step.approvers:
-                    names[gate.name_of(approver)] = None
     return list(names)
 
 
