@@ -57,6 +57,10 @@ class Action(StrEnum):
     GRANT_CREATED = "grant_created"
     GRANT_USED = "grant_used"
     GRANT_REVOKED = "grant_revoked"
+    REMINDED = "reminded"
+    """A reminder sent under a card to the approvers who had not voted."""
+    ESCALATED = "escalated"
+    """A request escalated: its card went to another channel, and more approvers may decide."""
 
 
 @dataclass(frozen=True, slots=True)

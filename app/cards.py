@@ -3,31 +3,82 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from signoff.app.config import SignoffConfig
+from signoff.app.channel_types import identity_of
+from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.edits import argument_changes, editable_fields
-from signoff.app.eligibility import gates_of
+from signoff.app.eligibility import GateSnapshot, card_gates, gates_of
 from signoff.app.grants import given, meet, offers_of
-from signoff.app.models import ConfirmationRequest, Status, Vote
+from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.channels import Card, GateProgress, GrantChoice, Person, Verdict
 
-__all__ = ["build_card"]
+__all__ = ["build_card", "escalated_to", "waiting_on"]
+
+
+def _person(key: str, config: SignoffConfig, channel_type: str, gate: GateSnapshot | None = None) -> Person:
+    """Someone a gate names (a directory key or a raw id), as a ``channel_type`` card names them."""
+    if key in config.people:
+        return Person(config.display_name(key), config.channel_id_of(key, channel_type))
+    name = gate.name_of(key) if gate is not None else key
+    return Person(name, key if identity_of(channel_type).is_user_id(key) else None)
+
+
+def waiting_on(
+    req: ConfirmationRequest,
+    votes: Sequence[Vote],
+    config: SignoffConfig,
+    channel_type: str,
+    *,
+    gate: int,
+    now: datetime,
+) -> tuple[Person, ...]:
+    """Who may still decide gate ``gate`` of ``req`` by ``now`` and has not voted on it (empty
+    when it names nobody: anyone who sees its card may decide)."""
+    snapshot = gates_of(req)[gate]
+    voted = {v.voter for v in votes if v.gate == gate}
+    voted_ids = {identity_key(v.user_id) for v in votes if v.gate == gate}
+    elapsed = (now - req.created_at).total_seconds()
+    left = []
+    for approver in snapshot.approvers_at(elapsed):
+        person = config.recognise(approver)
+        if (person is not None and person in voted) or identity_key(approver) in voted_ids:
+            continue
+        left.append(_person(person or approver, config, channel_type, snapshot))
+    return tuple(left)
+
+
+def escalated_to(
+    req: ConfirmationRequest, config: SignoffConfig, channel_type: str, *, gate: int, step: int
+) -> tuple[Person, ...]:
+    """The approvers escalation ``step`` of gate ``gate`` adds, as a ``channel_type`` card names them."""
+    snapshot = gates_of(req)[gate]
+    approvers = snapshot.escalations[step].approvers
+    return tuple(_person(config.recognise(a) or a, config, channel_type, snapshot) for a in approvers)
 
 
 def build_card(
-    req: ConfirmationRequest, votes: Sequence[Vote], config: SignoffConfig, channel_type: str, *, channel: str
+    req: ConfirmationRequest,
+    votes: Sequence[Vote],
+    config: SignoffConfig,
+    channel_type: str,
+    *,
+    channel: str,
+    now: datetime | None = None,
 ) -> Card:
-    """Plain data for ``channel`` to draw ``req`` as it stands: the card of the gates posted
-    there (and, when the request needs several gates, how each one stands)."""
+    """Plain data for ``channel`` to draw ``req`` as it stands by ``now``: the card of the
+    gates posted there (their own channel, or one they escalated to by then), and, when the
+    request needs several gates, how each one stands."""
 
     def person(key: str) -> Person:
         if key in config.people:
             return Person(config.display_name(key), config.channel_id_of(key, channel_type))
         return Person(key, key)
 
+    now = now or utcnow()
     gates = gates_of(req)
-    here = [i for i, g in enumerate(gates) if g.channel == channel] or list(range(len(gates)))
+    elapsed = (now - req.created_at).total_seconds()
+    here = card_gates(gates, channel, created_at=req.created_at, now=now) or list(range(len(gates)))
     approving = [v for v in votes if v.verdict == Verdict.APPROVE]
 
     def approvals(gate: int) -> tuple[Person, ...]:
@@ -49,7 +100,7 @@ def build_card(
         granted = meet([g for g in per_gate if g]) if all(per_gate) else None
     # Changes come only with an approval that decides alone: every gate is on this card.
     editable = editable_fields(gates) if len(here) == len(gates) and req.status == Status.PENDING else ()
-    approvers = dict.fromkeys(a for i in here for a in gates[i].approvers)
+    approvers = dict.fromkeys(a for i in here for a in gates[i].approvers_at(elapsed))
     voters = {v.voter: Person(v.name or v.voter, v.user_id) for v in approving if v.gate in here}
     return Card(
         request_id=req.id,

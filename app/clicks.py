@@ -16,8 +16,8 @@ from signoff.app.cards import build_card
 from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
-from signoff.app.eligibility import NOT_HERE, GateSnapshot, Voter, eligible_gates, gates_of
-from signoff.app.models import ConfirmationRequest, Delivery, Status, Vote
+from signoff.app.eligibility import NOT_HERE, GateSnapshot, Voter, card_gates, eligible_gates, gates_of
+from signoff.app.models import CARD_KINDS, ConfirmationRequest, Delivery, Status, Vote, utcnow
 from signoff.app.state_machine import get_request
 from signoff.app.votes import VoteResult, cast_vote, refuse_vote, votes_for
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
@@ -65,7 +65,11 @@ class ClickService:
                 current = await get_request(session, click.request_id)
                 posted = await _posted_card(session, click.request_id, channel) if current else None
             # On a card of another channel the state machine refuses it (audited there).
-            gates = [g for g in gates_of(current) if g.channel == channel] if current else []
+            gates = []
+            if current is not None:
+                every = gates_of(current)
+                here = card_gates(every, channel, created_at=current.created_at, now=utcnow())
+                gates = [every[i] for i in here]
             if current is not None and gates:
                 why = _elsewhere(target, posted, click)
                 if why is None and self._needs_email(current, gates, voter):
@@ -108,7 +112,14 @@ class ClickService:
         requesters = (req.requester, req.user_id)
         if req.status != Status.PENDING or not any(requesters):
             return False
-        eligible, _ = eligible_gates(gates, requesters=requesters, voter=voter, config=self._config)
+        eligible, _ = eligible_gates(
+            gates,
+            requesters=requesters,
+            voter=voter,
+            config=self._config,
+            created_at=req.created_at,
+            now=utcnow(),
+        )
         if all(gates[i].allow_self_approval for i in eligible):
             return False  # no gate to vote on (refused anyway), or self-approval is allowed
         return voter.person is None or not any(self._config.recognise(r) for r in requesters)
@@ -151,14 +162,17 @@ class ClickService:
 
 
 async def _posted_card(session: AsyncSession, request_id: str, channel: str) -> MessageRef | None:
-    """Where the request's card was posted on ``channel`` (None until it is)."""
+    """Where the request's card was posted on ``channel`` (None until it is): by its post, or
+    by the escalation that brought it there."""
     ref = (
         await session.exec(
-            select(Delivery.message_ref).where(
+            select(Delivery.message_ref)
+            .where(
                 col(Delivery.request_id) == request_id,
                 col(Delivery.channel) == channel,
-                col(Delivery.kind) == "post",
+                col(Delivery.kind).in_(CARD_KINDS),
             )
+            .order_by(col(Delivery.id))
         )
     ).first()
     return {str(k): str(v) for k, v in ref.items()} if ref else None

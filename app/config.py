@@ -18,6 +18,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
@@ -34,6 +35,7 @@ from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
 from signoff.app.builtin_hooks.result_truncate import ResultTruncate
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelConfig, identity_of
 from signoff.app.redaction import Redactor
+from signoff.channels._contract import duration_text
 
 HookConfig = ConfirmationGate | ReadOnlyGuard | RateLimit | ResultTruncate | AuditLog | ContextInject
 """Every hook type an agent's ``hooks`` list may hold, told apart by ``type``."""
@@ -434,6 +436,80 @@ def _ambiguous_people(people: Mapping[str, Person]) -> list[str]:
     return problems
 
 
+def _approver_problems(
+    approvers: Iterable[str], where: str, kind: str, people: Mapping[str, Person], *, known: bool = False
+) -> list[str]:
+    """Approvers a ``kind`` channel cannot recognise: a person without a ``kind`` id, or a
+    raw id not of that type. ``known``: each must be in ``people`` or an id of that type
+    even where the type has no ids of its own."""
+    identity = identity_of(kind)
+    problems: list[str] = []
+    for j, approver in enumerate(approvers):
+        if approver in people:
+            if identity.user_id is not None and kind not in people[approver].ids():
+                problems.append(
+                    f"{where}[{j}]: {approver!r} has no {kind} id in people; "
+                    f"add `{kind}: <user id>` to people.{approver}"
+                )
+        elif identity.user_id is not None and not identity.is_user_id(approver):
+            problems.append(f"{where}[{j}]: {approver!r} is neither in people nor a {kind} user id")
+        elif identity.user_id is None and known:
+            problems.append(f"{where}[{j}]: {approver!r} is not in people; add them under people")
+    return problems
+
+
+def _gate_problems(
+    gate: ConfirmationGate, where: str, channels: Mapping[str, ChannelConfig], doc: _File
+) -> list[str]:
+    """What is wrong with a confirmation gate beyond its own fields: its channels, its
+    approvers, and reminders or escalations that could never happen before its timeout."""
+    problems: list[str] = []
+
+    def channel_problem(name: str, path: str, hint: str = "") -> str | None:
+        if name in channels:
+            return None
+        if name in doc.channels:
+            return ""  # an invalid channel is reported once, where it is declared
+        return f"{path}: no channel named {name!r} under channels{hint}"
+
+    timeout = gate.timeout
+    limit = duration_text(int(timeout.total_seconds()))
+    seen: dict[timedelta, int] = {}
+    for j, point in enumerate(gate.remind):
+        due = point.due(timeout)
+        if due >= timeout:
+            problems.append(
+                f"{where}.remind[{j}]: {point} is at or after the gate's timeout ({limit}); "
+                f"remind before it, e.g. 50%"
+            )
+        elif due in seen:
+            problems.append(f"{where}.remind[{j}]: {point} is the same time as remind[{seen[due]}]; drop one")
+        else:
+            seen[due] = j
+    for j, step in enumerate(gate.escalate):
+        path = f"{where}.escalate[{j}]"
+        if step.after >= timeout:
+            problems.append(
+                f"{path}.after: {duration_text(int(step.after.total_seconds()))} is at or after the "
+                f"gate's timeout ({limit}), so it could never happen; escalate earlier or raise the timeout"
+            )
+        known = ", ".join(sorted(channels))
+        why = channel_problem(step.channel, f"{path}.channel", f"; name one of {known} or declare it")
+        if why:
+            problems.append(why)
+        elif why is None:
+            kind = channels[step.channel].type
+            problems.extend(
+                _approver_problems(step.approvers, f"{path}.approvers", kind, doc.people, known=True)
+            )
+
+    why = channel_problem(gate.channel, f"{where}.channel")
+    if why is not None:
+        return [why, *problems] if why else problems
+    kind = channels[gate.channel].type
+    return [*_approver_problems(gate.approvers, f"{where}.approvers", kind, doc.people), *problems]
+
+
 def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
     """Validate an already parsed YAML document."""
     problems: list[str] = []
@@ -479,25 +555,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
                         f"{where}.editable[{j}]: {name!r} is redacted (it holds a redact word), so "
                         "approvers never see its value and cannot change it; remove it from editable"
                     )
-            if gate.channel not in channels:
-                if gate.channel not in doc.channels:  # an invalid channel is reported once, above
-                    problems.append(f"{where}.channel: no channel named {gate.channel!r} under channels")
-                continue
-            kind = channels[gate.channel].type
-            identity = identity_of(kind)
-            if identity.user_id is None:
-                continue  # anyone in people, or any id: the channel type has no ids to check
-            for j, approver in enumerate(gate.approvers):
-                if approver in doc.people:
-                    if kind not in doc.people[approver].ids():
-                        problems.append(
-                            f"{where}.approvers[{j}]: {approver!r} has no {kind} id in people; "
-                            f"add `{kind}: <user id>` to people.{approver}"
-                        )
-                elif not identity.is_user_id(approver):
-                    problems.append(
-                        f"{where}.approvers[{j}]: {approver!r} is neither in people nor a {kind} user id"
-                    )
+            problems.extend(_gate_problems(gate, where, channels, doc))
 
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])

@@ -1,5 +1,5 @@
-"""The outbox's rows: what a transaction owes channels (card posts and updates) and webhooks
-(events). Written in the transaction of the change that owes them; the dispatcher
+"""The outbox's rows: what a transaction owes channels (card posts and updates, reminders,
+escalations) and webhooks (events). Written in the transaction of the change that owes them; the dispatcher
 (:mod:`signoff.app.outbox`) sends them after commit."""
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.db import wake_after_commit
-from signoff.app.models import Delivery, OutboxStatus
+from signoff.app.models import Delivery, DeliveryKind, OutboxStatus
 
 __all__ = ["WEBHOOK", "owed_delivery", "queue_deliveries"]
 
-WEBHOOK = "webhook"
-"""The kind of an event owed to a webhook (whose name is the row's ``channel``)."""
+WEBHOOK = DeliveryKind.WEBHOOK
 
 _INSERT = sa.insert(Delivery.__table__)  # type: ignore[attr-defined]
 
@@ -28,11 +27,14 @@ def owed_delivery(
     kind: str,
     now: datetime,
     *,
+    gate: int | None = None,
+    step: int | None = None,
     event_id: str | None = None,
     payload: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The outbox row owing ``channel`` the request's card (its ``post``, or an ``update``), or
-    owing the webhook ``channel`` the event ``payload`` (kind :data:`WEBHOOK`)."""
+    """The outbox row owing ``channel`` a :class:`DeliveryKind` from ``now`` on: the request's
+    card (``post``), a redraw (``update``), gate ``gate``'s reminder or escalation ``step``, or
+    to the webhook ``channel`` the event ``payload`` (``webhook``)."""
     return {
         "request_id": request_id,
         "channel": channel,
@@ -45,6 +47,8 @@ def owed_delivery(
         "message_ref": None,
         "created_at": now,
         "sent_at": None,
+        "gate": gate,
+        "step": step,
         "event_id": event_id,
         "payload": payload,
     }

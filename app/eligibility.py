@@ -15,6 +15,10 @@ ways, and never to the voter's advantage:
 - a click counts only from the **channel** its card was posted to (the channel's
   conversation is checked by :class:`signoff.app.clicks.ClickService`); operators,
   authenticated, decide wherever the card went;
+- a gate's **escalations** widen it once their time has come (by the server's clock at
+  the vote, from the request's creation): their channel's card counts, and their
+  approvers may decide, on that card or the gate's own; before then a click from one of
+  them is refused, saying from when it will count;
 - being an **approver** takes the id the channel vouched for (the clicker's user id on
   that channel type, or the operator's name): a looked-up email grants nothing, since a
   profile's email may be the clicker's to edit;
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
@@ -39,17 +44,46 @@ __all__ = [
     "NOT_AN_APPROVER",
     "NOT_HERE",
     "OWN_CALL",
+    "EscalationStep",
     "GateSnapshot",
     "Voter",
+    "asked",
+    "card_gates",
     "eligible_gates",
     "gate_refusal",
     "gates_of",
+    "is_not_yet",
     "is_requester",
+    "not_yet",
 ]
 
 NOT_HERE = "This request's card was not posted here, so a click here does not count."
 NOT_AN_APPROVER = "You are not an approver for this request."
 OWN_CALL = "You cannot approve a call made on your own behalf."
+_NOT_YET = "This request is escalated to you at "
+
+
+def not_yet(when: datetime) -> str:
+    """Why an escalation's approver may not decide yet: from ``when`` they may."""
+    return f"{_NOT_YET}{when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC; your vote counts from then."
+
+
+def is_not_yet(why: str) -> bool:
+    """Whether a refusal is :func:`not_yet`'s: the voter's escalation has not come yet."""
+    return why.startswith(_NOT_YET)
+
+
+class EscalationStep(BaseModel):
+    """One escalation of a gate as a request recorded it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    after_seconds: float
+    """How long after the request was made it escalates (if nobody decided by then)."""
+    channel: str
+    """Where its card goes then."""
+    approvers: tuple[str, ...] = ()
+    """Who else may decide from then on."""
 
 
 class GateSnapshot(BaseModel):
@@ -81,6 +115,31 @@ class GateSnapshot(BaseModel):
     """The digest of each argument field those grants may hold equal, as the call had it."""
     config_version: str | None = None
     """The configuration the request was gated under (one for all its gates)."""
+    escalations: tuple[EscalationStep, ...] = ()
+    """Where it escalates, and who else may decide from when, earliest first."""
+    names: dict[str, str] = {}
+    """Each approver's (and escalation approver's) display name as the request was made."""
+
+    def due(self, elapsed: float | None) -> list[EscalationStep]:
+        """The escalations whose time has come ``elapsed`` seconds after the request was made
+        (None: no time is known, so none)."""
+        if elapsed is None:
+            return []
+        return [e for e in self.escalations if e.after_seconds <= elapsed]
+
+    def channels_at(self, elapsed: float | None) -> list[str]:
+        """The channels its cards are in by then: its own, then those it escalated to."""
+        return list(dict.fromkeys([self.channel, *(e.channel for e in self.due(elapsed))]))
+
+    def approvers_at(self, elapsed: float | None) -> tuple[str, ...]:
+        """Who may decide it by then (empty: anyone who sees one of its cards)."""
+        if not self.approvers:
+            return ()
+        widened = [a for e in self.due(elapsed) for a in e.approvers]
+        return tuple(dict.fromkeys([*self.approvers, *widened]))
+
+    def name_of(self, approver: str) -> str:
+        return self.names.get(approver) or approver
 
     def stored(self) -> dict[str, object]:
         """The snapshot as a request's ``gates`` column holds it (the version is the request's,
@@ -150,6 +209,24 @@ def _is_approver(approvers: Iterable[str], voter: Voter, config: SignoffConfig) 
     return False
 
 
+def _elapsed(created_at: datetime | None, now: datetime | None) -> float | None:
+    if created_at is None or now is None:
+        return None
+    return (now - created_at).total_seconds()
+
+
+def _refused(
+    gate: GateSnapshot, channel: str, elapsed: float | None, voter: Voter, config: SignoffConfig
+) -> str | None:
+    own = gate if gate.channel == channel else gate.model_copy(update={"channel": channel})
+    if not voter.operator and voter.channel not in own.channels_at(elapsed):
+        return NOT_HERE
+    approvers = own.approvers_at(elapsed)
+    if approvers and not _is_approver(approvers, voter, config):
+        return NOT_AN_APPROVER
+    return None
+
+
 def gate_refusal(
     gate: GateSnapshot,
     *,
@@ -157,13 +234,21 @@ def gate_refusal(
     requesters: Iterable[str | None],
     voter: Voter,
     config: SignoffConfig,
+    created_at: datetime | None = None,
+    now: datetime | None = None,
 ) -> str | None:
     """Why ``voter`` may not vote on ``gate`` (a request's gate snapshot, its card posted to
-    ``channel``), or None if they may."""
-    if not voter.operator and voter.channel != channel:
-        return NOT_HERE
-    if gate.approvers and not _is_approver(gate.approvers, voter, config):
-        return NOT_AN_APPROVER
+    ``channel``), or None if they may. Its escalations count from their time on, by ``now``
+    for a request made at ``created_at`` (without both, none counts)."""
+    elapsed = _elapsed(created_at, now)
+    why = _refused(gate, channel, elapsed, voter, config)
+    if why is not None:
+        for step in sorted(gate.escalations, key=lambda e: e.after_seconds):
+            later = elapsed is None or step.after_seconds > elapsed
+            if later and created_at is not None:
+                if _refused(gate, channel, step.after_seconds, voter, config) is None:
+                    return not_yet(created_at + timedelta(seconds=step.after_seconds))
+        return why
     if not gate.allow_self_approval and is_requester(requesters, voter, config):
         return OWN_CALL
     return None
@@ -182,7 +267,34 @@ def gates_of(req: ConfirmationRequest) -> list[GateSnapshot]:
     ]
 
 
-_MOST_TELLING = {OWN_CALL: 0, NOT_AN_APPROVER: 1, NOT_HERE: 2}
+def _telling(why: str) -> int:
+    """How much a refusal concerns the voter: their own call, then that their time has not
+    come, then not an approver, then the channel."""
+    if why == OWN_CALL:
+        return 0
+    if is_not_yet(why):
+        return 1
+    return {NOT_AN_APPROVER: 2, NOT_HERE: 3}.get(why, 4)
+
+
+def card_gates(
+    gates: Sequence[GateSnapshot], channel: str, *, created_at: datetime, now: datetime
+) -> list[int]:
+    """The indexes of the gates whose card is in ``channel`` by ``now``: their own channel,
+    or one they escalated to by then."""
+    elapsed = _elapsed(created_at, now)
+    return [i for i, g in enumerate(gates) if channel in g.channels_at(elapsed)]
+
+
+def asked(gates: Sequence[GateSnapshot], *, within: float) -> list[str]:
+    """The names of everyone the gates asked in the first ``within`` seconds (the approvers of
+    escalations that came before then included), each once."""
+    names: dict[str, None] = {}
+    for gate in gates:
+        came = [e for e in gate.escalations if e.after_seconds < within]
+        for approver in [*gate.approvers, *(a for e in came for a in e.approvers)]:
+            names[gate.name_of(approver)] = None
+    return list(names)
 
 
 def eligible_gates(
@@ -191,19 +303,29 @@ def eligible_gates(
     requesters: Iterable[str | None],
     voter: Voter,
     config: SignoffConfig,
+    created_at: datetime | None = None,
+    now: datetime | None = None,
 ) -> tuple[list[int], str | None]:
-    """The indexes of the gates ``voter``'s vote counts for, and, when it counts for none, why
-    (the reason that concerns them most: their own call, then not an approver, then the
-    channel)."""
+    """The indexes of the gates ``voter``'s vote counts for by ``now`` (escalations count
+    once their time has come), and, when it counts for none, why (the reason that concerns
+    them most)."""
     requesters = tuple(requesters)
     eligible: list[int] = []
     refusals: list[str] = []
     for i, gate in enumerate(gates):
-        why = gate_refusal(gate, channel=gate.channel, requesters=requesters, voter=voter, config=config)
+        why = gate_refusal(
+            gate,
+            channel=gate.channel,
+            requesters=requesters,
+            voter=voter,
+            config=config,
+            created_at=created_at,
+            now=now,
+        )
         if why is None:
             eligible.append(i)
         else:
             refusals.append(why)
     if eligible or not refusals:
         return eligible, None
-    return [], min(refusals, key=lambda why: _MOST_TELLING.get(why, len(_MOST_TELLING)))
+    return [], min(refusals, key=_telling)

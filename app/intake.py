@@ -21,7 +21,7 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,7 +35,7 @@ from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.deliveries import owed_delivery, queue_deliveries
-from signoff.app.eligibility import GateSnapshot, gates_of
+from signoff.app.eligibility import EscalationStep, GateSnapshot, gates_of
 from signoff.app.models import ConfirmationRequest, Grant, Status, from_row, utcnow
 from signoff.app.redaction import redact
 from signoff.app.single_use import spent
@@ -62,6 +62,8 @@ class NewRequest:
     cards: tuple[str, ...] = ()
     """Channels to post the card to: the gates' channels but those of type ``web``, whose
     requests are shown and decided in Signoff itself."""
+    later: tuple[dict[str, Any], ...] = ()
+    """The outbox rows due later: the gates' reminders and escalations, earliest first."""
 
     @property
     def id(self) -> str:
@@ -101,8 +103,12 @@ async def write_new_requests(
             raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
         answers.append(found)
     new = [n for n in batch if n.id in written]
+    # The posts first: a channel's card is its first card row (an escalation to a channel
+    # that already has the card replies under it).
     await queue_deliveries(
-        session, [owed_delivery(n.id, ch, "post", n.row["created_at"]) for n in new for ch in n.cards]
+        session,
+        [owed_delivery(n.id, ch, "post", n.row["created_at"]) for n in new for ch in n.cards]
+        + [row for n in new for row in n.later],
     )
     if new:
         created = max(n.row["created_at"] for n in new)
@@ -301,7 +307,7 @@ class Approvals:
         matched = matched or self._matching(ctx, gate)
         now = self._now or utcnow()
         words = config.redact_words(ctx.agent_id)
-        snapshots = [_snapshot(key, gate, ctx.arguments) for key, gate in matched]
+        snapshots = [_snapshot(key, gate, ctx.arguments, config) for key, gate in matched]
         gates = [s.stored() for s in snapshots]
         first = matched[0][1]
         row: dict[str, Any] = {
@@ -334,7 +340,10 @@ class Approvals:
             "config_version": config.version,
         }
         channels = dict.fromkeys(gate.channel for _, gate in matched)
-        return NewRequest(row, detail, cards=tuple(ch for ch in channels if not config.is_web(ch)))
+        later = _later(row["id"], now, row["expires_at"], [g for _, g in matched], snapshots, config)
+        return NewRequest(
+            row, detail, cards=tuple(ch for ch in channels if not config.is_web(ch)), later=later
+        )
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
         """One request for every gate the call matches: the first gate to ask makes it (or
@@ -378,9 +387,37 @@ def _matches(gate: ConfirmationGate, ctx: HookContext) -> bool:
         return True  # a gate that cannot tell asks its approvers (fail closed)
 
 
-def _snapshot(key: str, gate: ConfirmationGate, arguments: Mapping[str, Any]) -> GateSnapshot:
+def _later(
+    request_id: str,
+    now: datetime,
+    expires_at: datetime,
+    gates: Sequence[ConfirmationGate],
+    snapshots: Sequence[GateSnapshot],
+    config: SignoffConfig,
+) -> tuple[dict[str, Any], ...]:
+    """The outbox rows of the gates' reminders (under a card: none on a ``web`` channel) and
+    escalations that fall before the request expires, earliest first."""
+    rows: list[tuple[datetime, dict[str, Any]]] = []
+    for i, (gate, snapshot) in enumerate(zip(gates, snapshots, strict=True)):
+        if not config.is_web(gate.channel):
+            for j, point in enumerate(gate.remind):
+                due = now + point.due(gate.timeout)
+                rows.append((due, owed_delivery(request_id, gate.channel, "remind", due, gate=i, step=j)))
+        for j, step in enumerate(snapshot.escalations):
+            due = now + timedelta(seconds=step.after_seconds)
+            rows.append((due, owed_delivery(request_id, step.channel, "escalate", due, gate=i, step=j)))
+    rows.sort(key=lambda r: r[0])
+    return tuple(row for due, row in rows if due < expires_at)
+
+
+def _snapshot(
+    key: str, gate: ConfirmationGate, arguments: Mapping[str, Any], config: SignoffConfig
+) -> GateSnapshot:
     """The gate as the request records it (with the grants it offers, the digests of the
-    argument values they may hold equal)."""
+    argument values they may hold equal, its escalations earliest first and the names of
+    everyone it may ask)."""
+    steps = sorted(gate.escalate, key=lambda e: e.after)
+    everyone = [*gate.approvers, *(a for e in steps for a in e.approvers)]
     return GateSnapshot(
         key=key,
         name=gate.label,
@@ -394,6 +431,11 @@ def _snapshot(key: str, gate: ConfirmationGate, arguments: Mapping[str, Any]) ->
         grants=tuple(offer.choice for offer in gate.grants),
         editable=gate.editable,
         argument_digests=grants.argument_digests(gate, arguments),
+        escalations=tuple(
+            EscalationStep(after_seconds=e.after.total_seconds(), channel=e.channel, approvers=e.approvers)
+            for e in steps
+        ),
+        names={a: config.display_name(a) for a in everyone},
     )
 
 

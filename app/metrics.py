@@ -70,7 +70,9 @@ EXECUTED_MISMATCHES = Counter(
 )
 REQUESTS = Gauge("signoff_requests", "Requests in the database, by status.", ["status"], registry=REGISTRY)
 OUTBOX_BACKLOG = Gauge(
-    "signoff_outbox_backlog", "Card deliveries and webhook events waiting to be sent.", registry=REGISTRY
+    "signoff_outbox_backlog",
+    "Deliveries due and not sent yet: cards, reminders and escalations once due, webhook events.",
+    registry=REGISTRY,
 )
 OUTBOX_FAILED = Gauge(
     "signoff_outbox_failed", "Card deliveries and webhook events that gave up.", registry=REGISTRY

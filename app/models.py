@@ -211,10 +211,34 @@ class OutboxStatus(StrEnum):
     PENDING = "pending"
     SENT = "sent"
     FAILED = "failed"
+    SKIPPED = "skipped"
+    """Due when there was nothing left to send: a reminder or an escalation of a request
+    decided before its time (``last_error`` says why)."""
+
+
+class DeliveryKind(StrEnum):
+    """What a delivery sends."""
+
+    POST = "post"
+    """The request's card, to a channel of one of its gates."""
+    UPDATE = "update"
+    """A redraw of the card posted to the channel."""
+    REMIND = "remind"
+    """A reminder under the card of gate ``gate`` to whoever has not voted, at its point ``step``."""
+    ESCALATE = "escalate"
+    """Escalation ``step`` of gate ``gate``: the card posted to its channel (or, where the
+    request already has a card, a reply under it naming the new approvers)."""
+    WEBHOOK = "webhook"
+    """An event owed to the webhook named in ``channel`` (``event_id``, ``payload``)."""
+
+
+CARD_KINDS = (DeliveryKind.POST.value, DeliveryKind.ESCALATE.value)
+"""The kinds of delivery that may post a card: a channel's card is the first of them."""
 
 
 class Delivery(SQLModel, table=True):
-    """One card post or card update owed to a channel, or one event owed to a webhook (the outbox)."""
+    """One card post, card update, reminder or escalation owed to a channel, or one event owed
+    to a webhook (the outbox)."""
 
     __tablename__ = "delivery"
     __table_args__ = (sa.Index("ix_delivery_status_next_attempt_at", "status", "next_attempt_at"),)
@@ -225,7 +249,7 @@ class Delivery(SQLModel, table=True):
     channel: str = Field(max_length=200)
     """The channel owed the card, or the webhook owed the event (its name in ``webhooks``)."""
     kind: str = Field(max_length=16)
-    """``post``, ``update`` or ``webhook``."""
+    """A :class:`DeliveryKind`."""
     status: OutboxStatus = Field(default=OutboxStatus.PENDING, sa_type=sa.String(16))
     attempts: int = 0
     next_attempt_at: datetime = _ts(default_factory=utcnow)
@@ -238,6 +262,10 @@ class Delivery(SQLModel, table=True):
     """A webhook's ``webhook-id``: the same on every attempt, so receivers can drop repeats."""
     payload: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     """A webhook's body ``{type, timestamp, data}``, as the event's transaction left things."""
+    gate: int | None = None
+    """A reminder's or escalation's gate: its index in the request's ``gates``."""
+    step: int | None = None
+    """Which of the gate's reminder points, or of its escalations (earliest first), it is."""
 
 
 class Switch(SQLModel, table=True):

@@ -1,4 +1,10 @@
-"""The outbox dispatcher: delivers card posts, card updates and webhook events after commit.
+"""The outbox dispatcher: delivers card posts and updates, reminders, escalations and
+webhook events after commit.
+
+Reminders and escalations are rows written with the request, due at their time: the
+lease makes each go out once across replicas and restarts, and one that comes due after
+the request was decided is skipped. Each sent is audited in the transaction that marks
+it sent.
 
 Rows are claimed with a lease (a conditional UPDATE), so several dispatchers,
 in one process or many, never send the same row at once; a crash simply lets the
@@ -15,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 import httpx
@@ -24,14 +30,24 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, or_, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import webhooks
+from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
-from signoff.app.cards import build_card
+from signoff.app.cards import build_card, escalated_to, waiting_on
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
 from signoff.app.deliveries import WEBHOOK
+from signoff.app.eligibility import gates_of
 from signoff.app.metrics import DELIVERIES, WEBHOOK_DELIVERIES
-from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, Vote, utcnow
+from signoff.app.models import (
+    CARD_KINDS,
+    ConfirmationRequest,
+    Delivery,
+    DeliveryKind,
+    OutboxStatus,
+    Status,
+    Vote,
+    utcnow,
+)
 from signoff.app.state_machine import get_request, transition
 from signoff.app.votes import votes_for
 from signoff.channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
@@ -154,55 +170,95 @@ class Dispatcher:
             return
         if d is None or seen is None:
             return
-        req, votes, post_ref, post_failed = seen
+        req, votes, card_row = seen
         channel = self._channels.get(d.channel)
         if channel is None:
             await self._finish(delivery_id, failed=f"no channel named {d.channel!r} is configured")
             return
-        card = build_card(req, votes, self._config(), channel.type, channel=d.channel)
-
-        if d.kind == "update" and post_ref is None:
-            if post_failed:
-                await self._finish(delivery_id, failed="the card was never posted")
-            else:
-                # The post has not gone out yet; it will show the latest state anyway.
-                await self._retry(
-                    delivery_id, d.attempts, "waiting for the card to be posted", 1.0, count=False, now=now
-                )
+        config = self._config()
+        card = build_card(req, votes, config, channel.type, channel=d.channel, now=now)
+        kind = d.kind
+        if kind in (DeliveryKind.REMIND, DeliveryKind.ESCALATE) and req.status != Status.PENDING:
+            skipped = f"the request was {req.status} before the {kind} was due"
+            await self._finish(delivery_id, skipped=skipped, now=now)
             return
-        if d.kind == "post":
-            result = await self._attempt(d, channel.post(card), MAX_ATTEMPTS, now)
-            if result == "sent":
-                log.info("posted card for %s to %s", req.id, d.channel)
+        # An escalation brings the card to its channel, unless the channel has the card already
+        # (an earlier row posted it): then it replies under it, naming the new approvers.
+        notice = kind == DeliveryKind.ESCALATE and card_row is not None and card_row.id != d.id
+        ref: dict[str, str] | None = None
+        if kind in (DeliveryKind.UPDATE, DeliveryKind.REMIND) or notice:
+            ref, why_not = _card_ref(card_row)
+            if ref is None:
+                if why_not is None:
+                    # The post has not gone out yet; it will show the latest state anyway.
+                    await self._retry(
+                        delivery_id,
+                        d.attempts,
+                        "waiting for the card to be posted",
+                        1.0,
+                        count=False,
+                        now=now,
+                    )
+                elif card_row is not None and card_row.status == OutboxStatus.SKIPPED:
+                    await self._finish(delivery_id, skipped=why_not, now=now)
+                else:
+                    await self._finish(delivery_id, failed=why_not, now=now)
+                return
+        sending: Awaitable[dict[str, str] | None]
+        along: list[audit.Entry] = []
+        posting = kind == DeliveryKind.POST or (kind == DeliveryKind.ESCALATE and not notice)
+        if posting:
+            sending, along = channel.post(card), self._escalated(d, req, posted=True)
+        elif kind == DeliveryKind.UPDATE and ref is not None:
+            sending = channel.update(ref, card)
+        elif kind == DeliveryKind.ESCALATE and ref is not None and d.gate is not None and d.step is not None:
+            added = escalated_to(req, config, channel.type, gate=d.gate, step=d.step)
+            sending, along = (
+                channel.remind(ref, card, added, key=_key(d)),
+                self._escalated(d, req, posted=False),
+            )
+        elif kind == DeliveryKind.REMIND and ref is not None and d.gate is not None:
+            waiting = waiting_on(req, votes, config, channel.type, gate=d.gate, now=now)
+            sending = channel.remind(ref, card, waiting, key=_key(d))
+            detail = {
+                "channel": d.channel,
+                "gate": _gate_name(req, d.gate),
+                "point": d.step,
+                "waiting_on": [p.name for p in waiting],
+            }
+            along = [audit.Entry(audit.Action.REMINDED, _OUTBOX, req.id, detail)]
         else:
-            assert post_ref is not None
-            result = await self._attempt(d, channel.update(post_ref, card), MAX_ATTEMPTS, now)
+            await self._finish(delivery_id, failed=f"not a delivery Signoff can make: {d.kind!r}", now=now)
+            return
+        result = await self._attempt(d, sending, MAX_ATTEMPTS, now, along=along)
+        if result == "sent" and posting:
+            log.info("posted card for %s to %s (%s)", req.id, d.channel, kind)
         DELIVERIES.labels(d.channel, d.kind, result).inc()
 
     async def _card_state(
         self, session: AsyncSession, d: Delivery
-    ) -> tuple[ConfirmationRequest, list[Vote], dict[str, str] | None, bool] | None:
-        """What drawing ``d``'s card needs: the request, its votes and, for an update, the
-        posted card's reference (and whether its post failed). None if the request is gone."""
+    ) -> tuple[ConfirmationRequest, list[Vote], Delivery | None] | None:
+        """What drawing ``d``'s card needs: the request, its votes and, for anything but the
+        post itself, the channel's card row (its first post or escalation). None if the
+        request is gone."""
         req = await get_request(session, d.request_id)
         if req is None:
             return None
         votes = await votes_for(session, req.id)
-        post_ref: dict[str, str] | None = None
-        post_failed = False
-        if d.kind == "update":
-            post = (
+        card_row = None
+        if d.kind != DeliveryKind.POST:
+            card_row = (
                 await session.exec(
-                    select(Delivery).where(
+                    select(Delivery)
+                    .where(
                         col(Delivery.request_id) == d.request_id,
                         col(Delivery.channel) == d.channel,
-                        col(Delivery.kind) == "post",
+                        col(Delivery.kind).in_(CARD_KINDS),
                     )
+                    .order_by(col(Delivery.id))
                 )
             ).first()
-            post_ref = post.message_ref if post is not None else None
-            post_failed = post is None or post.status == OutboxStatus.FAILED
-        return req, votes, post_ref, post_failed
+        return req, votes, card_row
 
     async def _send_webhook(self, d: Delivery, now: datetime) -> None:
         assert d.id is not None
@@ -221,9 +277,16 @@ class Dispatcher:
         WEBHOOK_DELIVERIES.labels(d.channel, result).inc()
 
     async def _attempt(
-        self, d: Delivery, sending: Awaitable[dict[str, str] | None], max_attempts: int, now: datetime
+        self,
+        d: Delivery,
+        sending: Awaitable[dict[str, str] | None],
+        max_attempts: int,
+        now: datetime,
+        *,
+        along: Sequence[audit.Entry] = (),
     ) -> str:
-        """Await one attempt at ``d`` and record how it went: ``sent``, ``retry`` or ``failed``."""
+        """Await one attempt at ``d`` and record how it went: ``sent`` (with the audit events
+        ``along``), ``retry`` or ``failed``."""
         assert d.id is not None
         try:
             ref = await sending
@@ -241,8 +304,23 @@ class Dispatcher:
             log.exception("%s %s raised", d.kind, d.channel)
             await self._retry(d.id, d.attempts, f"{type(exc).__name__}: {exc}", backoff(d.attempts), now=now)
             return "retry"
-        await self._finish(d.id, ref=ref, now=now)
+        await self._finish(d.id, ref=ref, now=now, along=along)
         return "sent"
+
+    @staticmethod
+    def _escalated(d: Delivery, req: ConfirmationRequest, *, posted: bool) -> list[audit.Entry]:
+        """The audit event of escalation ``d`` (none for a card post)."""
+        if d.kind != DeliveryKind.ESCALATE or d.gate is None or d.step is None:
+            return []
+        step = gates_of(req)[d.gate].escalations[d.step]
+        detail = {
+            "channel": d.channel,
+            "gate": _gate_name(req, d.gate),
+            "step": d.step,
+            "approvers": list(step.approvers),
+            "card": "posted" if posted else "replied under the card already there",
+        }
+        return [audit.Entry(audit.Action.ESCALATED, _OUTBOX, req.id, detail)]
 
     async def _finish(
         self,
@@ -250,17 +328,25 @@ class Dispatcher:
         *,
         ref: dict[str, str] | None = None,
         failed: str | None = None,
+        skipped: str | None = None,
+        along: Sequence[audit.Entry] = (),
         now: datetime | None = None,
     ) -> None:
+        """Mark the row done: sent (with the card's ``ref``, and the audit events ``along`` in
+        the same transaction), ``failed`` or ``skipped`` for the reason given."""
         async with transaction(self._sessions) as session:
             values: dict[str, object] = {"leased_until": None, "attempts": Delivery.attempts + 1}
-            if failed is None:
+            if failed is not None:
+                values |= {"status": OutboxStatus.FAILED.value, "last_error": failed}
+            elif skipped is not None:
+                values |= {"status": OutboxStatus.SKIPPED.value, "last_error": skipped}
+            else:
                 values |= {"status": OutboxStatus.SENT.value, "sent_at": now or utcnow(), "last_error": None}
                 if ref is not None:
                     values["message_ref"] = ref
-            else:
-                values |= {"status": OutboxStatus.FAILED.value, "last_error": failed}
             await session.exec(sa.update(Delivery).where(col(Delivery.id) == delivery_id).values(**values))
+            if along:
+                await audit.append_many(session, along)
 
     async def _retry(
         self,
@@ -286,12 +372,45 @@ class Dispatcher:
 
     async def _give_up(self, d: Delivery, exc: DeliveryError, now: datetime) -> None:
         assert d.id is not None
-        what = f"the event {d.event_id} to the webhook" if d.kind == WEBHOOK else "the card to"
+        if d.kind == WEBHOOK:
+            what = f"the event {d.event_id} to the webhook"
+        elif d.kind in (DeliveryKind.POST, DeliveryKind.UPDATE):
+            what = "the card to"
+        else:
+            what = f"the {d.kind} to"
         reason = f"could not deliver {what} {d.channel}: {exc.reason}"
         log.warning("%s (request %s)", reason, d.request_id)
         await self._finish(d.id, failed=exc.reason, now=now)
-        if d.kind == "post":
+        # Only a card nobody can see cancels: a reminder, an escalation or a webhook that cannot
+        # go out leaves the request to the cards it has.
+        if d.kind == DeliveryKind.POST:
             async with transaction(self._sessions) as session:
                 await transition(
                     session, d.request_id, Status.CANCELLED, actor=Actor("system", "outbox"), reason=reason
                 )
+
+
+_OUTBOX = Actor("system", "outbox")
+
+
+def _card_ref(card_row: Delivery | None) -> tuple[dict[str, str] | None, str | None]:
+    """The posted card's reference, or why there is none: None while it is still to be posted."""
+    if card_row is None or card_row.status == OutboxStatus.FAILED:
+        return None, "the card was never posted"
+    if card_row.status == OutboxStatus.SKIPPED:
+        return None, "the card was never posted: the request was decided first"
+    if card_row.message_ref is None:
+        if card_row.status == OutboxStatus.SENT:
+            return None, "the card was posted without a reference"
+        return None, None
+    return {str(k): str(v) for k, v in card_row.message_ref.items()}, None
+
+
+def _key(d: Delivery) -> str:
+    """The reminder's idempotency key: one per outbox row, the same on every attempt."""
+    return f"{d.request_id}-{d.kind}-{d.id}"
+
+
+def _gate_name(req: ConfirmationRequest, gate: int) -> str:
+    gates = gates_of(req)
+    return gates[gate].name if gate < len(gates) else str(gate)

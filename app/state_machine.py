@@ -26,8 +26,18 @@ from signoff.app.audit import Actor
 from signoff.app.db import dialect_of, wake_after_commit
 from signoff.app.deliveries import owed_delivery, queue_deliveries  # also offered from here
 from signoff.app.edits import approved_changes
+from signoff.app.eligibility import asked, gates_of
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
-from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
+from signoff.app.models import (
+    ConfirmationRequest,
+    Delivery,
+    DeliveryKind,
+    OutboxStatus,
+    Status,
+    from_row,
+    utcnow,
+)
+from signoff.channels._contract import duration_text
 from signoff.hooks import Decision, HookResult
 from signoff.hooks._gate import describe_request
 
@@ -42,6 +52,7 @@ __all__ = [
     "decision_for",
     "expire",
     "expire_overdue",
+    "expiry_reason",
     "get_request",
     "owed_delivery",
     "queue_deliveries",
@@ -65,6 +76,7 @@ NOTIFY_BATCH = 200  # ids per NOTIFY payload (payloads are limited to 8000 bytes
 EXPIRY = Actor("system", "expiry")
 """Who expires a request: its deadline."""
 EXPIRED_REASON = "no decision before the deadline"
+"""What an expiry said before it named its time and whom it asked (see :func:`expiry_reason`)."""
 
 
 DECIDED_COLUMNS = ("reason", "decided_at", "decided_by_channel", "decided_by_user_id", "decided_by_name")
@@ -81,7 +93,13 @@ _DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
 _GET = select(ConfirmationRequest).where(col(ConfirmationRequest.id) == sa.bindparam("request_id"))
 _GET_FOR_UPDATE = _GET.with_for_update()
 _CARDS = (
-    select(_DELIVERIES.c.channel, _DELIVERIES.c.kind, _DELIVERIES.c.status, _DELIVERIES.c.leased_until)
+    sa.select(
+        _DELIVERIES.c.channel,
+        _DELIVERIES.c.kind,
+        _DELIVERIES.c.status,
+        _DELIVERIES.c.leased_until,
+        _DELIVERIES.c.next_attempt_at,
+    )
     .where(_DELIVERIES.c.request_id == sa.bindparam("request_id"))
     .with_for_update()
 )
@@ -127,19 +145,29 @@ def _on_postgres(session: AsyncSession) -> bool:
 async def queue_updates(session: AsyncSession, request_id: str) -> None:
     """Owe every channel the request's card was posted to a redraw (one queued redraw each is
     enough). A ``web`` channel, whatever its name, never got a card: intake decided that, by
-    the channel's type."""
+    the channel's type. An escalation counts once it is due: one not due yet will find the
+    request decided and post nothing."""
     # Only the request's own few deliveries, by the request_id index (with the status in SQL,
     # SQLite's planner prefers the status index and scans every pending delivery), locked:
     # a dispatcher claiming one of them waits for this transaction, so it draws the card
     # as this transaction leaves it.
-    rows = (await session.exec(_CARDS, params={"request_id": request_id})).all()
-    posted = dict.fromkeys(ch for ch, kind, _, _ in rows if kind == "post")
+    # (sqlmodel's exec is typed for selects of up to four columns)
+    rows = (await session.exec(_CARDS, params={"request_id": request_id})).all()  # type: ignore[call-overload]
+    now = utcnow()  # due at once, whatever time the transition was given
+    posted = dict.fromkeys(
+        ch
+        for ch, kind, status, _, due in rows
+        if kind == DeliveryKind.POST
+        or (
+            kind == DeliveryKind.ESCALATE
+            and (status == OutboxStatus.SENT or (status == OutboxStatus.PENDING and due <= now))
+        )
+    )
     queued = {
         ch
-        for ch, kind, status, leased in rows
-        if kind == "update" and status == OutboxStatus.PENDING and leased is None
+        for ch, kind, status, leased, _ in rows
+        if kind == DeliveryKind.UPDATE and status == OutboxStatus.PENDING and leased is None
     }
-    now = utcnow()  # due at once, whatever time the transition was given
     await queue_deliveries(
         session, [owed_delivery(request_id, ch, "update", now) for ch in posted if ch not in queued]
     )
@@ -198,6 +226,24 @@ async def transition(
     return True
 
 
+def expiry_reason(req: ConfirmationRequest) -> str:
+    """Why ``req`` expired, in plain words: nobody decided in its time, and whom it asked
+    (``nobody decided within 30m; asked Alice, Bob``). Not a refusal: nobody refused."""
+    within = max(0.0, (req.expires_at - req.created_at).total_seconds())
+    names = asked(gates_of(req), within=within)
+    text = f"nobody decided within {duration_text(round(within))}"
+    if names:
+        return f"{text}; asked {', '.join(names)}"
+    return f"{text}; anyone who could see the card could have"
+
+
+_SET_REASON = (
+    sa.update(_REQUESTS)
+    .where(_REQUESTS.c.id == sa.bindparam("rid"))
+    .values(reason=sa.bindparam("new_reason"))
+)
+
+
 async def expire_overdue(
     session: AsyncSession, *, now: datetime | None = None, batch: int = 500
 ) -> list[str]:
@@ -211,6 +257,7 @@ async def expire_overdue(
         # Replicas sweeping at once skip each other's rows instead of deadlocking.
         .with_for_update(skip_locked=True)
     )
+    c = ConfirmationRequest
     rows = (
         await session.exec(
             sa.update(ConfirmationRequest)
@@ -219,16 +266,24 @@ async def expire_overdue(
                 col(ConfirmationRequest.status).in_(_sources(Status.EXPIRED)),
             )
             .values(status=Status.EXPIRED.value, **decided_columns(EXPIRY, EXPIRED_REASON, now))
-            .returning(col(ConfirmationRequest.id), col(ConfirmationRequest.created_at))
+            .returning(
+                col(c.id), col(c.created_at), col(c.expires_at), col(c.gate), col(c.gates), col(c.channel)
+            )
             .execution_options(synchronize_session=False)
         )
     ).all()
+    reasons: dict[str, str] = {}
     for r in rows:
         _observe(Status.EXPIRED, now, r[1])
-    expired = sorted(str(r[0]) for r in rows)
+        shape = {"created_at": r[1], "expires_at": r[2], "gate": r[3], "gates": r[4], "channel": r[5]}
+        reasons[str(r[0])] = expiry_reason(from_row(ConfirmationRequest, shape))
+    expired = sorted(reasons)
+    if expired:
+        # These rows are this transaction's now (expired by it): each gets its own words.
+        await session.exec(_SET_REASON, params=[{"rid": rid, "new_reason": reasons[rid]} for rid in expired])
     for rid in expired:
         await audit.append(
-            session, audit.Action.EXPIRED, actor=EXPIRY, request_id=rid, detail={"reason": EXPIRED_REASON}
+            session, audit.Action.EXPIRED, actor=EXPIRY, request_id=rid, detail={"reason": reasons[rid]}
         )
         await queue_updates(session, rid)
     await _mark_decided(session, expired, now)
@@ -237,8 +292,9 @@ async def expire_overdue(
 
 async def expire(session: AsyncSession, req: ConfirmationRequest, *, now: datetime) -> None:
     """Expire the (locked) ``req``, past its deadline, and bring it up to date."""
-    won = await transition(session, req.id, Status.EXPIRED, actor=EXPIRY, reason=EXPIRED_REASON, now=now)
-    await settle(session, req, won, Status.EXPIRED, EXPIRY, EXPIRED_REASON, now)
+    reason = expiry_reason(req)
+    won = await transition(session, req.id, Status.EXPIRED, actor=EXPIRY, reason=reason, now=now)
+    await settle(session, req, won, Status.EXPIRED, EXPIRY, reason, now)
 
 
 def decision_for(req: ConfirmationRequest) -> HookResult:

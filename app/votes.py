@@ -95,7 +95,9 @@ async def cast_vote(
         return await refuse("This request has already expired.")
     gates = gates_of(req)
     requesters = (req.requester, req.user_id)
-    eligible, why = eligible_gates(gates, requesters=requesters, voter=voter, config=config)
+    eligible, why = eligible_gates(
+        gates, requesters=requesters, voter=voter, config=config, created_at=req.created_at, now=now
+    )
     if not eligible:
         return await refuse(why or NOT_AN_APPROVER)
     if (

@@ -44,6 +44,7 @@ __all__ = [
     "edit_input",
     "edit_problem",
     "parse_edit_value",
+    "reminder_text",
 ]
 
 MAX_REASON_CHARS = 2000
@@ -265,6 +266,23 @@ class Person:
 
     name: str
     user_id: str | None = None
+
+
+def reminder_text(
+    card: Card,
+    waiting_on: tuple[Person, ...],
+    *,
+    mention: Callable[[Person], str],
+    escape: Callable[[str], str] = str,
+) -> str:
+    """The words of a reminder under ``card``: ``waiting_on`` named by ``mention`` (a channel's
+    way of mentioning someone by id, or of writing their name), everything else passed
+    through ``escape`` (the channel's escaping of text that came from agents)."""
+    who = " ".join(mention(p) for p in waiting_on)
+    deadline = card.expires_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    ask = f"{who} your decision is still needed" if who else "A decision is still needed"
+    what = escape(f"{card.agent_id} wants to run {card.tool_name} (request {card.request_id})")
+    return f"{ask}: {what}; it expires {deadline}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,6 +508,14 @@ class Channel(Protocol):
 
     async def update(self, ref: MessageRef, card: Card) -> None:
         """Redraw a posted card; a decided card must have no buttons left."""
+        ...
+
+    async def remind(self, ref: MessageRef, card: Card, waiting_on: tuple[Person, ...], *, key: str) -> None:
+        """Tell ``waiting_on`` (mentioning each who has an id here) that the card posted at
+        ``ref`` still waits for them, as a reply to it; raise a :class:`DeliveryError` on
+        failure. ``waiting_on`` may be empty (anyone who sees the card may decide).
+        ``key`` is the same on every attempt of one reminder and differs between reminders:
+        a platform that de-duplicates sends by a key of the caller's is given it."""
         ...
 
     async def aclose(self) -> None:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from signoff.channels._contract import Card, DeliveryError, MessageRef
+from signoff.channels._contract import Card, DeliveryError, MessageRef, Person
 
 __all__ = ["FakeChannel", "FakeConfig", "create"]
 
@@ -29,6 +29,7 @@ class FakeChannel:
     posts: list[Card] = field(default_factory=list)
     updates: list[tuple[MessageRef, Card]] = field(default_factory=list)
     failures: list[DeliveryError] = field(default_factory=list)
+    reminders: list[tuple[MessageRef, Card, tuple[Person, ...]]] = field(default_factory=list)
 
     def _maybe_fail(self) -> None:
         if self.failures:
@@ -42,6 +43,10 @@ class FakeChannel:
     async def update(self, ref: MessageRef, card: Card) -> None:
         self._maybe_fail()
         self.updates.append((ref, card))
+
+    async def remind(self, ref: MessageRef, card: Card, waiting_on: tuple[Person, ...], *, key: str) -> None:
+        self._maybe_fail()
+        self.reminders.append((ref, card, waiting_on))
 
     async def aclose(self) -> None:
         return None

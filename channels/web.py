@@ -1,7 +1,7 @@
 """The built-in ``web`` channel: requests are shown and decided in Signoff itself.
 
 Operators see pending requests through the operator API (and the console) and
-decide them there; nothing is sent anywhere, so posting and updating are free.
+decide them there; nothing is sent anywhere, so posting, updating and reminding are free.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from signoff.channels._contract import Card, MessageRef
+from signoff.channels._contract import Card, MessageRef, Person
 
 __all__ = ["WebChannel", "WebConfig", "create"]
 
@@ -31,6 +31,9 @@ class WebChannel:
         return {"request_id": card.request_id}
 
     async def update(self, ref: MessageRef, card: Card) -> None:
+        return None
+
+    async def remind(self, ref: MessageRef, card: Card, waiting_on: tuple[Person, ...], *, key: str) -> None:
         return None
 
     async def aclose(self) -> None:

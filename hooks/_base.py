@@ -308,7 +308,8 @@ class SyncGateClient(ClientBase):
 
         Raises:
             GateDenied: Denied by policy or a person.
-            GateTimeout: No decision before the deadline (subclass of GateDenied).
+            GateTimeout: No decision before the deadline, the client's or the request's
+                (subclass of GateDenied).
             GateUnavailable: Signoff unreachable or unusable (subclass of GateDenied).
         """
         return self.pre_tool_use(

@@ -134,6 +134,12 @@ class GateDecision(NamedTuple):
         return "GateDecision(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in shown) + ")"
 
     @property
+    def expired(self) -> bool:
+        """A person was asked and nobody decided before the request's deadline: a timeout,
+        not a refusal (``raise_for_denial`` raises :class:`GateTimeout`)."""
+        return not self.allowed and (self.request or {}).get("status") == "expired"
+
+    @property
     def decision(self) -> Decision:
         """``ALLOW``, ``DENY``, or (``wait=False`` only) ``PENDING``."""
         if self.allowed:
@@ -151,7 +157,7 @@ class GateDecision(NamedTuple):
         reason = self.reason or "denied by Signoff"
         if self.pending:
             raise GateDenied(f"awaiting approval: {reason}", decision=self)
-        if self.failure is GateFailure.TIMEOUT:
+        if self.failure is GateFailure.TIMEOUT or self.expired:
             raise GateTimeout(reason, decision=self)
         if self.failure is GateFailure.UNAVAILABLE:
             raise GateUnavailable(reason, decision=self)
@@ -173,7 +179,8 @@ class GateDenied(Exception):
 
 
 class GateTimeout(GateDenied):
-    """No decision arrived before the client's deadline (the request may still be pending)."""
+    """No decision arrived before a deadline: the client's own (the request may still be
+    pending), or the request's (it expired: nobody decided, nobody refused)."""
 
 
 class GateUnavailable(GateDenied):
@@ -543,7 +550,12 @@ def describe_request(request: Mapping[str, Any]) -> str:
     if status == "rejected":
         return f"Rejected{_who(request)}{note}"
     if status == "expired":
-        return f"The approval request {rid} expired before anyone decided{note}"
+        # A timeout is not a refusal: say that nobody decided, and let the model ask again.
+        why = f" ({reason})" if isinstance(reason, str) and reason else ""
+        return (
+            f"Not decided in time: approval request {rid} expired{why}. "
+            "Nobody refused this call; ask again if it is still needed"
+        )
     if status == "cancelled":
         return f"The approval request {rid} was cancelled{note}"
     return f"The approval request {rid} is {status}"

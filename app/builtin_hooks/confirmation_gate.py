@@ -11,23 +11,113 @@ decides rather than the call slipping through.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import cel
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    field_validator,
+    model_validator,
+)
 
 from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
 from signoff.channels import GrantChoice
-from signoff.channels._contract import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS
+from signoff.channels._contract import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS, duration_text
 from signoff.hooks._contract import HookContext, HookResult
 
-__all__ = ["MAX_GRANTS", "ConfirmationGate", "GrantOffer", "parse_duration"]
+__all__ = [
+    "MAX_ESCALATIONS",
+    "MAX_GRANTS",
+    "MAX_REMINDERS",
+    "ConfirmationGate",
+    "Escalation",
+    "GrantOffer",
+    "ReminderPoint",
+    "parse_duration",
+]
 
 MAX_GRANTS = 4
 """Grants one gate may offer (each is a button on the card beside "Approve once")."""
 MAX_FIELD_CHARS = 100
+MAX_REMINDERS = 10
+"""Reminder points one gate may have."""
+MAX_ESCALATIONS = 5
+"""Escalation steps one gate may have."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReminderPoint:
+    """When a gate reminds the approvers who have not voted: a share of its timeout
+    (``50%``) or a time after the request was made (``10m``)."""
+
+    percent: float | None = None
+    after: timedelta | None = None
+
+    def due(self, timeout: timedelta) -> timedelta:
+        """How long after the request the reminder goes out, for a gate of ``timeout``."""
+        if self.percent is not None:
+            return timeout * (self.percent / 100)
+        assert self.after is not None
+        return self.after
+
+    def __str__(self) -> str:
+        if self.percent is not None:
+            return f"{self.percent:g}%"
+        assert self.after is not None
+        return duration_text(int(self.after.total_seconds()))
+
+
+def _reminder_point(value: Any) -> ReminderPoint:
+    if isinstance(value, ReminderPoint):
+        return value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        number = value.strip().removesuffix("%").strip()
+        try:
+            percent = float(number)
+        except ValueError:
+            percent = float("nan")
+        if not 0 < percent < 100:  # NaN fails this too
+            raise ValueError(
+                f"{value!r} is not a share of the timeout between 0% and 100% (both excluded); "
+                "write e.g. 50%, or a duration such as 10m"
+            )
+        return ReminderPoint(percent=percent)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError("a reminder is a share of the timeout such as 50%, or a duration such as 10m")
+    try:
+        return ReminderPoint(after=parse_duration(value))
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or a share of the timeout such as 50%") from None
+
+
+Reminder = Annotated[ReminderPoint, PlainValidator(_reminder_point), PlainSerializer(str)]
+"""A reminder point as the configuration writes it (``50%``, ``10m``)."""
+
+
+class Escalation(BaseModel):
+    """One step of a gate's ``escalate`` list: ``{after: 15m, channel: NAME, approvers: [...]}``.
+
+    ``after`` the request was made, if it is still undecided, its card is posted to
+    ``channel`` and ``approvers`` may decide it too (on that card, or on the gate's own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    after: timedelta
+    channel: str
+    approvers: tuple[str, ...] = ()
+    """Who else may decide from then on (empty: nobody new, the card only goes further)."""
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _parse_after(cls, value: Any) -> timedelta:
+        return parse_duration(value)
 
 
 class GrantOffer(BaseModel):
@@ -122,6 +212,11 @@ class ConfirmationGate(ToolFilter):
         if repeated:
             raise ValueError(f"{', '.join(repeated)} named more than once")
         return value
+
+    remind: tuple[Reminder, ...] = Field(default=(), max_length=MAX_REMINDERS)
+    """When to remind the approvers who have not voted yet (``[50%, 90%]``, ``[10m]``)."""
+    escalate: tuple[Escalation, ...] = Field(default=(), max_length=MAX_ESCALATIONS)
+    """Where the request goes, and who else may decide it, while nobody has (see :class:`Escalation`)."""
 
     @field_validator("timeout", "approval_valid_for", mode="before")
     @classmethod

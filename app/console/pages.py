@@ -17,8 +17,8 @@ from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import duration, summarize, time_left
-from signoff.app.eligibility import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote
+from signoff.app.eligibility import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of, is_not_yet
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote, utcnow
 from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
@@ -244,7 +244,16 @@ def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: 
     # The state machine's own rule, asked in advance.
     voter = operator_voter(person, config)
     requesters = (req.requester, req.user_id)
-    eligible, why = eligible_gates(gates_of(req), requesters=requesters, voter=voter, config=config)
+    eligible, why = eligible_gates(
+        gates_of(req),
+        requesters=requesters,
+        voter=voter,
+        config=config,
+        created_at=req.created_at,
+        now=utcnow(),
+    )
+    if why is not None and is_not_yet(why):
+        return f"{why} Before then your vote would be refused."
     if why == NOT_AN_APPROVER:
         return "You are not one of this gate's approvers: your vote would be refused."
     if why == OWN_CALL:

@@ -11,7 +11,7 @@ from sqlmodel import col, select
 from signoff.app import metrics as m
 from signoff.app.deliveries import WEBHOOK
 from signoff.app.deps import RuntimeDep
-from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status
+from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
 
 router = APIRouter(tags=["ops"])
 
@@ -52,11 +52,19 @@ async def metrics(runtime: RuntimeDep) -> PlainTextResponse:
                 .group_by(col(Delivery.channel))
             )
         ).all()
+        # Reminders and escalations wait for their time: only what is due is a backlog.
+        due = (
+            await session.exec(
+                select(sa.func.count()).where(
+                    col(Delivery.status) == OutboxStatus.PENDING, col(Delivery.next_attempt_at) <= utcnow()
+                )
+            )
+        ).one()
     counts = {str(s): int(n) for s, n in by_status}
     for st in Status:
         m.REQUESTS.labels(st.value).set(counts.get(st.value, 0))
     outbox = {str(s): int(n) for s, n in by_outbox}
-    m.OUTBOX_BACKLOG.set(outbox.get(OutboxStatus.PENDING.value, 0))
+    m.OUTBOX_BACKLOG.set(int(due))
     m.OUTBOX_FAILED.set(outbox.get(OutboxStatus.FAILED.value, 0))
     failed = {str(name): int(n) for name, n in failed_webhooks}
     m.WEBHOOK_FAILED.clear()

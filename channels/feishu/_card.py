@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from signoff.channels._contract import Card, GrantChoice, Person, Verdict, edit_input
+from signoff.channels._contract import Card, GrantChoice, Person, Verdict, edit_input, reminder_text
 from signoff.channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD, edit_field
 
-__all__ = ["MAX_ARGUMENTS_CHARS", "ToastType", "callback_body", "render_card"]
+__all__ = ["MAX_ARGUMENTS_CHARS", "ToastType", "callback_body", "render_card", "render_reminder"]
 
 MAX_ARGUMENTS_CHARS = 2000
 """Arguments beyond this many characters are cut (cards are limited to 30 KB)."""
@@ -97,13 +97,16 @@ def _outcome(card: Card) -> str:
         lines.append(
             f"Approved{by} {card.approved_how}" if card.changes else f"Approved {card.approved_how}{by}"
         )
+    if card.status == "expired" and card.reason:
+        # Nobody refused: say so, and whom it asked, instead of giving a "reason".
+        lines.append(f"Expired: {_cut(card.reason, MAX_REASON_CHARS)}")
     if card.decided_by is not None:
         lines.append(f"Decided by: {_cut(card.decided_by.name)}")
     if card.decided_at is not None:
         lines.append(f"{'Expired' if card.status == 'expired' else 'Decided'} at: {_when(card.decided_at)}")
     elif card.status == "expired":
         lines.append(f"Expired at: {_when(card.expires_at)}")
-    if card.reason:
+    if card.reason and card.status != "expired":
         lines.append(f"Reason: {_cut(card.reason, MAX_REASON_CHARS)}")
     return "\n".join(lines)
 
@@ -248,3 +251,22 @@ def callback_body(toast: ToastType, message: str, card: Card | None = None) -> d
     if card is not None:
         body["card"] = {"type": "raw", "data": render_card(card)}
     return body
+
+
+def render_reminder(card: Card, waiting_on: tuple[Person, ...]) -> dict[str, Any]:
+    """A reminder as the ``content`` of a ``post`` message replying to the card: an ``at``
+    element per approver still to vote who has an open_id (Feishu notifies them), their
+    name otherwise, and the rest as ``text`` elements, which Feishu never parses for
+    mentions (an agent's tool name cannot @ everyone)."""
+    elements: list[dict[str, Any]] = []
+
+    def mention(person: Person) -> str:
+        if person.user_id:
+            elements.append({"tag": "at", "user_id": person.user_id})
+        else:
+            elements.append({"tag": "text", "text": f"{_cut(person.name, 60)} "})
+        return ""
+
+    text = reminder_text(card, waiting_on, mention=mention).lstrip()
+    elements.append({"tag": "text", "text": (" " if waiting_on else "") + _cut(text, 2 * _MAX_FIELD_CHARS)})
+    return {"zh_cn": {"title": "Reminder: approval still needed", "content": [elements]}}

@@ -22,9 +22,10 @@ from signoff.channels._contract import (
     DeliveryError,
     MessageRef,
     PermanentDeliveryError,
+    Person,
     RetryableDeliveryError,
 )
-from signoff.channels.feishu._card import callback_body, render_card
+from signoff.channels.feishu._card import callback_body, render_card, render_reminder
 from signoff.channels.feishu._config import FeishuConfig
 from signoff.channels.feishu._errors import TOKEN_INVALID_CODES, api_error
 from signoff.channels.feishu._parse import EditRefused, parse_click
@@ -127,6 +128,29 @@ class FeishuChannel:
             .build()
         )
         await self._call("update card", lambda: self._client.im.v1.message.patch(request))
+
+    async def remind(self, ref: MessageRef, card: Card, waiting_on: tuple[Person, ...], *, key: str) -> None:
+        """Reply to the card (``POST im/v1/messages/:message_id/reply``) with a ``post`` message
+        that @-mentions ``waiting_on``; ``key`` is its idempotency ``uuid``, so a retried
+        reminder is sent once."""
+        from lark_oapi.api.im.v1 import ReplyMessageRequest, ReplyMessageRequestBody
+
+        message_id = ref.get("message_id")
+        if not message_id:
+            raise PermanentDeliveryError("message reference has no message_id")
+        request = (
+            ReplyMessageRequest.builder()
+            .message_id(message_id)
+            .request_body(
+                ReplyMessageRequestBody.builder()
+                .msg_type("post")
+                .content(json.dumps(render_reminder(card, waiting_on), ensure_ascii=False))
+                .uuid(_message_uuid(key))
+                .build()
+            )
+            .build()
+        )
+        await self._call("send reminder", lambda: self._client.im.v1.message.reply(request))
 
     def conversation_of(self, ref: MessageRef | None) -> str:
         """The group chat the card is in: the one this channel posts to."""

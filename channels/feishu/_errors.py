@@ -29,6 +29,7 @@ _HINTS: dict[int, str] = {
     230001: "invalid request parameter (is chat_id right?)",
     230002: "the bot is not a member of the chat; add the bot to the group",
     230006: "the bot capability is not enabled or the app is not published",
+    230011: "the message was withdrawn or deleted, so nothing can reply to it",
     230012: "the bot did not send this message",
     230027: "the app lacks a permission (im:message / im:message:send_as_bot)",
     230099: "Feishu refused the card content",

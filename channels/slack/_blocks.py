@@ -16,6 +16,7 @@ from signoff.channels._contract import (
     Person,
     changes_text,
     edit_input,
+    reminder_text,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "render_card",
     "render_edit_modal",
     "render_reject_modal",
+    "render_reminder",
 ]
 
 ACTION_APPROVE = "signoff_approve"
@@ -143,6 +145,12 @@ def render_card(card: Card) -> tuple[str, list[dict[str, Any]]]:
     if card.is_pending:
         blocks.append(_actions(card, version, agent, tool))
     return _clip(text, _TEXT_LIMIT), blocks
+
+
+def render_reminder(card: Card, waiting_on: tuple[Person, ...]) -> str:
+    """The text of a reminder posted in the card's thread: ``<@U…>`` for each approver still
+    to vote who has a Slack id (Slack notifies them), the name of anyone else."""
+    return _clip(reminder_text(card, waiting_on, mention=_person, escape=escape_mrkdwn), _TEXT_LIMIT)
 
 
 def render_reject_modal(request_id: str, *, reason_required: bool, channel_id: str | None) -> dict[str, Any]:
@@ -345,7 +353,13 @@ def _outcome(card: Card, icon: str, word: str) -> str:
         )
     if card.decided_at is not None:
         line += f" · {_date(card.decided_at)}"
-    if card.reason:
+    if card.reason and card.status == "expired":
+        # Nobody refused: say so, and whom it asked, instead of giving a "reason".
+        head = f"{icon} *{word}:* "
+        line = head + _clip(escape_mrkdwn(card.reason), _SECTION_TEXT_LIMIT - len(head))
+        if card.decided_at is not None:
+            line += f" · {_date(card.decided_at)}"
+    elif card.reason:
         head = f"{line}\n*Reason:* "
         line = head + _clip(escape_mrkdwn(card.reason), _SECTION_TEXT_LIMIT - len(head))
     return line

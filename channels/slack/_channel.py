@@ -27,6 +27,7 @@ from signoff.channels._contract import (
     DeliveryError,
     MessageRef,
     PermanentDeliveryError,
+    Person,
     RetryableDeliveryError,
     Verdict,
 )
@@ -40,6 +41,7 @@ from signoff.channels.slack._blocks import (
     render_card,
     render_edit_modal,
     render_reject_modal,
+    render_reminder,
 )
 from signoff.channels.slack._payload import (
     EditPress,
@@ -188,6 +190,24 @@ class SlackChannel:
         text, blocks = render_card(card)
         try:
             await self._client.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
+        except _TRANSPORT_ERRORS as exc:
+            raise delivery_error(exc) from exc
+
+    async def remind(self, ref: MessageRef, card: Card, waiting_on: tuple[Person, ...], *, key: str) -> None:
+        """Reply in the card's thread (``chat.postMessage`` with ``thread_ts``), mentioning
+        ``waiting_on``; needs no scope beyond ``chat:write``. Slack takes no idempotency key:
+        ``key`` is unused (a reply whose answer was lost is sent again)."""
+        channel, ts = ref.get("channel"), ref.get("ts")
+        if not channel or not ts:
+            raise PermanentDeliveryError(f"not a Slack message reference: {sorted(ref)}")
+        try:
+            await self._client.chat_postMessage(
+                channel=channel,
+                thread_ts=ts,
+                text=render_reminder(card, waiting_on),
+                unfurl_links=False,
+                unfurl_media=False,
+            )
         except _TRANSPORT_ERRORS as exc:
             raise delivery_error(exc) from exc
 

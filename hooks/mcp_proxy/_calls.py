@@ -18,6 +18,7 @@ __all__ = [
     "Claim",
     "canonical_arguments",
     "denied_text",
+    "expired_text",
     "gated_tool_name",
     "unavailable_text",
     "waiting_text",
@@ -109,6 +110,10 @@ class CallLedger:
 
 def denied_text(tool: str, reason: str | None) -> str:
     return f"Signoff denied {tool}: {reason or 'denied by policy'}. The tool was not run."
+
+
+def expired_text(tool: str, reason: str | None) -> str:
+    return f"{tool} was not run: {reason or 'nobody decided on it in time'}."
 
 
 def waiting_text(tool: str, request_id: str | None, held: float) -> str:

@@ -29,6 +29,7 @@ from signoff.hooks.mcp_proxy._calls import (
     Claim,
     canonical_arguments,
     denied_text,
+    expired_text,
     gated_tool_name,
     unavailable_text,
     waiting_text,
@@ -776,6 +777,8 @@ class GatingProxy:
         if decision.failure is not None:
             self.ledger.park(claim)
             return _error_result(unavailable_text(tool, decision.reason), "unavailable", decision.request_id)
+        if decision.expired:  # nobody decided: not a refusal
+            return _error_result(expired_text(tool, decision.reason), "expired", decision.request_id)
         return _error_result(denied_text(tool, decision.reason), "deny", decision.request_id)
 
     # -- reports

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -26,8 +26,10 @@ async def make_request(
     agent: str = "finance-bot",
     user_id: str | None = None,
     idempotency_key: str | None = None,
+    now: datetime | None = None,
 ) -> ConfirmationRequest:
-    """A pending request created the way the gate creates it (row, audit event, outbox post)."""
+    """A pending request created the way the gate creates it (row, audit event, outbox rows),
+    at ``now`` (default: the clock's)."""
     gates = [g for g in config.agents[agent].hooks if isinstance(g, ConfirmationGate)]
     ctx = HookContext(
         agent_id=agent,
@@ -37,7 +39,7 @@ async def make_request(
         idempotency_key=idempotency_key,
     )
     gate = next(g for g in gates if g.matches(ctx))
-    approvals = Approvals(session, config)
+    approvals = Approvals(session, config, now=now)
     await approvals.request_approval(ctx, gate)
     assert approvals.request is not None
     return approvals.request

@@ -659,3 +659,123 @@ def test_config_check_names_a_bad_grant(tmp_path: Path) -> None:
     assert (
         f"{path}: agents.bot.hooks[0].grants[0].scope: Input should be 'session' or 'agent'" in result.output
     )
+
+
+# --- reminders and escalation -------------------------------------------------------------------
+
+
+def with_pager(*gates: dict[str, Any]) -> dict[str, Any]:
+    body = doc(*gates)
+    body["channels"]["pager"] = {"type": "fake"}
+    body["people"]["carol"] = {"fake": "U_CAROL"}
+    return body
+
+
+def test_reminders_and_escalations_load() -> None:
+    config = parse_config(
+        with_pager(
+            gate(
+                timeout="30m",
+                remind=["50%", "90%", "10m", 60],
+                escalate=[{"after": "15m", "channel": "pager", "approvers": ["carol"]}],
+            )
+        )
+    )
+    [loaded] = config.agents["finance-bot"].hooks
+    assert isinstance(loaded, ConfirmationGate)
+    assert [p.due(loaded.timeout) for p in loaded.remind] == [
+        timedelta(minutes=15),
+        timedelta(minutes=27),
+        timedelta(minutes=10),
+        timedelta(minutes=1),
+    ]
+    assert [str(p) for p in loaded.remind] == ["50%", "90%", "10m", "1m"]
+    [step] = loaded.escalate
+    assert (step.after, step.channel, step.approvers) == (timedelta(minutes=15), "pager", ("carol",))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "where", "fragments"),
+    [
+        ({"remind": ["0%"]}, f"{AGENT}.remind[0]", ("between 0% and 100%", "50%")),
+        ({"remind": ["50%", "100%"]}, f"{AGENT}.remind[1]", ("between 0% and 100%",)),
+        ({"remind": ["150 %"]}, f"{AGENT}.remind[0]", ("between 0% and 100%",)),
+        ({"remind": ["half"]}, f"{AGENT}.remind[0]", ("not a duration", "50%")),
+        ({"remind": [True]}, f"{AGENT}.remind[0]", ("share of the timeout",)),
+        (
+            {"remind": ["30m"]},
+            f"{AGENT}.remind[0]",
+            ("at or after the gate's timeout (30m)", "remind before it"),
+        ),
+        ({"remind": ["45m"]}, f"{AGENT}.remind[0]", ("at or after the gate's timeout",)),
+        ({"remind": ["50%", "15m"]}, f"{AGENT}.remind[1]", ("same time as remind[0]", "drop one")),
+        ({"remind": ["1m"] * 11}, f"{AGENT}.remind", ("at most 10",)),
+        (
+            {"escalate": [{"after": "30m", "channel": "pager", "approvers": ["carol"]}]},
+            f"{AGENT}.escalate[0].after",
+            ("at or after the gate's timeout (30m)", "escalate earlier or raise the timeout"),
+        ),
+        (
+            {"escalate": [{"after": "10m", "channel": "mail", "approvers": ["carol"]}]},
+            f"{AGENT}.escalate[0].channel",
+            ("no channel named 'mail'", "name one of chat, pager, web"),
+        ),
+        (
+            {"escalate": [{"after": "10m", "channel": "pager", "approvers": ["zed"]}]},
+            f"{AGENT}.escalate[0].approvers[0]",
+            ("'zed' is not in people", "add them under people"),
+        ),
+        (
+            {"escalate": [{"after": "soon", "channel": "pager"}]},
+            f"{AGENT}.escalate[0].after",
+            ("not a duration",),
+        ),
+        (
+            {"escalate": [{"after": "10m", "channel": "pager", "to": ["carol"]}]},
+            f"{AGENT}.escalate[0].to",
+            ("Extra inputs are not permitted",),
+        ),
+    ],
+)
+def test_reminder_and_escalation_problems(
+    tmp_path: Path, overrides: dict[str, Any], where: str, fragments: tuple[str, ...]
+) -> None:
+    problem = assert_one_problem(tmp_path, with_pager(gate(timeout="30m", **overrides)), where, *fragments)
+    assert "\n" not in problem
+
+
+@pytest.mark.usefixtures("slack_type")
+def test_an_escalation_approver_needs_an_id_on_the_escalation_channel(tmp_path: Path) -> None:
+    body = with_pager(gate(escalate=[{"after": "5m", "channel": "oncall", "approvers": ["carol", "Uxyz"]}]))
+    body["channels"]["oncall"] = {"type": "slack", "token": "t"}
+    path, problems = problems_of(tmp_path, body)
+    assert problems == [
+        f"{path}: {AGENT}.escalate[0].approvers[0]: 'carol' has no slack id in people; "
+        "add `slack: <user id>` to people.carol",
+        f"{path}: {AGENT}.escalate[0].approvers[1]: 'Uxyz' is neither in people nor a slack user id",
+    ]
+
+
+def test_config_check_names_a_bad_reminder_and_escalation(tmp_path: Path) -> None:
+    body = with_pager(
+        gate(
+            timeout="10m", remind=["120%"], escalate=[{"after": "1h", "channel": "nowhere", "approvers": []}]
+        )
+    )
+    path = write(tmp_path, body)
+    result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"{path}: {AGENT}.remind[0]: '120%' is not a share of the timeout between 0% and 100% (both "
+        "excluded); write e.g. 50%, or a duration such as 10m",
+    ]
+    body = with_pager(gate(timeout="10m", escalate=[{"after": "1h", "channel": "nowhere", "approvers": []}]))
+    path = write(tmp_path, body)
+    result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"{path}: {AGENT}.escalate[0].after: 1h is at or after the gate's timeout (10m), so it could never "
+        "happen; escalate earlier or raise the timeout",
+        f"{path}: {AGENT}.escalate[0].channel: no channel named 'nowhere' under channels; name one of chat, "
+        "pager, web or declare it",
+    ]

@@ -32,8 +32,15 @@ channels:
     signing_secret: {secret}
     channel: {channel}
     base_url: {base_url}
+  pager-slack:
+    type: slack
+    bot_token: {bot_token}
+    signing_secret: {secret}
+    channel: C0PAGER
+    base_url: {base_url}
 people:
   alice: {{name: Alice, web: alice, slack: W0ALICE}}
+  carol: {{name: Carol, slack: W0CAROL}}
 agents:
   finance-bot:
     hooks:
@@ -53,6 +60,14 @@ agents:
         approvers: [alice]
         timeout: 30m
         grants: [{{scope: agent, for: 1h}}]
+      - type: confirmation_gate
+        name: nudged
+        tools: ["nudge_*"]
+        channel: ops-slack
+        approvers: [alice]
+        timeout: 5m
+        remind: [3s]
+        escalate: [{{after: 5s, channel: pager-slack, approvers: [carol]}}]
 """
 
 
@@ -65,6 +80,7 @@ def pg(postgres_url: str) -> str:
 @pytest.fixture
 async def fake_slack() -> AsyncIterator[FakeSlack]:
     fake = FakeSlack()
+    fake.conversations.add("C0PAGER")
     await fake.start()
     try:
         yield fake
@@ -261,3 +277,46 @@ async def test_a_grant_revoked_on_one_replica_stops_the_next_call_on_both(
         [row] = (await http.get(f"{b}/v1/admin/grants", params={"active": "false"}, headers=admin)).json()
     allowed = 10 + sum(1 for d in racing[:30] if d == "allow")
     assert row["uses"] == allowed
+
+
+async def test_each_reminder_and_escalation_goes_once_from_two_replicas(
+    replicas: tuple[str, str, str], fake_slack: FakeSlack, pg: str
+) -> None:
+    a, b, key = replicas
+    agent = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        ids = []
+        for i in range(10):
+            body = {"tool_name": "nudge_op", "arguments": {"n": i}}
+            answer = await http.post(f"{a if i % 2 else b}/v1/hooks/pre-tool-use", json=body, headers=agent)
+            ids.append(answer.json()["request_id"])
+
+    def replies() -> list[dict[str, object]]:
+        return [m for m in fake_slack.messages.values() if m.get("thread_ts")]
+
+    def escalated() -> list[str]:
+        return [
+            str(c.args.get("blocks"))
+            for c in fake_slack.calls_to("chat.postMessage")
+            if c.args["channel"] == "C0PAGER"
+        ]
+
+    for _ in range(300):
+        if len(replies()) >= len(ids) and len(escalated()) >= len(ids):
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(2)  # both dispatchers keep passing: nothing goes out twice
+    texts = [str(m["text"]) for m in replies()]
+    assert {rid: sum(rid in t for t in texts) for rid in ids} == dict.fromkeys(ids, 1)
+    cards = escalated()
+    assert {rid: sum(rid in c for c in cards) for rid in ids} == dict.fromkeys(ids, 1)
+
+    engine = create_engine(pg)
+    async with sessionmaker(engine)() as s:
+        actions = (
+            await s.exec(
+                select(AuditEvent.action).where(col(AuditEvent.action).in_(["reminded", "escalated"]))
+            )
+        ).all()
+    await engine.dispose()
+    assert sorted(actions) == ["escalated"] * len(ids) + ["reminded"] * len(ids)

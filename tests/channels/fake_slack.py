@@ -3,7 +3,9 @@
 It answers like Slack: ``{"ok": true, ...}`` or ``{"ok": false, "error": code}``,
 checks the bearer token, refuses unknown channels and messages, validates Block
 Kit and views with slack-sdk's own models (``invalid_blocks`` /
-``invalid_arguments``), and can be told to fail the next call of a method with a
+``invalid_arguments``), takes thread replies (``thread_ts``) only under a message it
+holds that is not itself a reply (``thread_not_found``, ``cannot_reply_to_message``;
+``no_text`` without text or blocks), and can be told to fail the next call of a method with a
 429 + ``Retry-After``, a 5xx HTML page or an error code. Every call is recorded.
 """
 
@@ -150,16 +152,35 @@ class FakeSlack:
             return _error("unknown_method")
         return handler(args)
 
+    def replies(self, channel: str, ts: str) -> list[dict[str, Any]]:
+        """The replies in the thread under message ``ts``, oldest first."""
+        return [
+            m for (ch, _), m in sorted(self.messages.items()) if ch == channel and m.get("thread_ts") == ts
+        ]
+
     def _post_message(self, args: dict[str, Any]) -> web.Response:
         channel = args.get("channel")
         if channel not in self.conversations:
             return _error("channel_not_found")
+        if not args.get("text") and not args.get("blocks"):
+            return _error("no_text")
         if not _valid_blocks(args.get("blocks")):
             return _error("invalid_blocks")
+        thread_ts = args.get("thread_ts")
+        if thread_ts is not None:
+            parent = self.messages.get((str(channel), str(thread_ts)))
+            if parent is None:
+                return _error("thread_not_found")
+            if parent.get("thread_ts"):
+                return _error("cannot_reply_to_message")
         self._counter += 1
         ts = f"1700000000.{self._counter:06d}"
         self.messages[(channel, ts)] = {"text": args.get("text"), "blocks": args.get("blocks")}
-        return _ok({"channel": channel, "ts": ts, "message": {"ts": ts, "text": args.get("text")}})
+        message: dict[str, Any] = {"ts": ts, "text": args.get("text")}
+        if thread_ts is not None:
+            self.messages[(channel, ts)]["thread_ts"] = str(thread_ts)
+            message["thread_ts"] = str(thread_ts)
+        return _ok({"channel": channel, "ts": ts, "message": message})
 
     def _update(self, args: dict[str, Any]) -> web.Response:
         key = (str(args.get("channel")), str(args.get("ts")))

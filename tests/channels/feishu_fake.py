@@ -4,7 +4,10 @@ It behaves like the parts of the real API the channel uses, including its errors
 tenant tokens per app (unknown app → 10003, wrong secret → 10014, revoked token →
 99991663), message create with uuid idempotency and membership checks (230002),
 strict card JSON 2.0 validation (230099, the way Feishu refuses unknown
-properties), message patch (only the sender may patch, update_multi required),
+properties), message patch (only the sender may patch, update_multi required), replies to a
+message (``text`` or ``post``, with uuid idempotency; the message must exist and the bot
+be in its chat, 230011 / 230002; ``at`` elements and ``<at user_id>`` tags recorded as
+mentions),
 contact lookup, the long-connection endpoint, and injectable faults (429 with
 ``x-ogw-ratelimit-reset``, 5xx pages that are not JSON, delays). Every request is
 recorded so tests can assert what was sent.
@@ -16,6 +19,7 @@ import asyncio
 import base64
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -154,6 +158,40 @@ def validate_card(content: str) -> dict[str, Any]:
     return card
 
 
+_AT_TAG = re.compile(r'<at user_id="([^"]*)">')
+
+
+def _mentions(msg_type: Any, content: str) -> list[str]:
+    """The user ids a ``text`` or ``post`` message @-mentions (CardInvalid if it is neither)."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        raise CardInvalid("content is not JSON") from None
+    if msg_type == "text":
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            raise CardInvalid('a text message is {"text": ...}')
+        return _AT_TAG.findall(data["text"])
+    if msg_type != "post":
+        raise CardInvalid(f"cannot reply with msg_type {msg_type!r}")
+    if not isinstance(data, dict) or not data:
+        raise CardInvalid("a post message has a language key")
+    found: list[str] = []
+    for post in data.values():
+        rows = post.get("content") if isinstance(post, dict) else None
+        if not isinstance(rows, list):
+            raise CardInvalid("post content must be a list of paragraphs")
+        for row in rows:
+            for element in row if isinstance(row, list) else [None]:
+                tag = element.get("tag") if isinstance(element, dict) else None
+                if tag == "at" and isinstance(element.get("user_id"), str):
+                    found.append(element["user_id"])
+                elif tag not in ("text", "a", "at") or (
+                    tag == "text" and not isinstance(element.get("text"), str)
+                ):
+                    raise CardInvalid(f"bad post element {element!r}")
+    return found
+
+
 class FakeFeishu:
     """State and behaviour of the fake API; reset between tests."""
 
@@ -274,6 +312,8 @@ class FakeFeishu:
             return self._reply(99991663, status=400, msg="Invalid access token for authorization.")
         if r.method == "POST" and r.path == MESSAGES_PATH:
             return self._create(r, app_id)
+        if r.method == "POST" and r.path.startswith(MESSAGES_PATH + "/") and r.path.endswith("/reply"):
+            return self._reply_to(r, app_id, r.path.split("/")[-2])
         if r.method == "PATCH" and r.path.startswith(MESSAGES_PATH + "/"):
             return self._patch(r, app_id, r.path.rsplit("/", 1)[1])
         if r.method == "GET" and r.path.startswith(USERS_PATH):
@@ -330,6 +370,47 @@ class FakeFeishu:
             "chat_id": chat_id,
             "msg_type": "interactive",
             "create_time": str(int(time.time() * 1000)),
+        }
+        return self._reply(data=data)
+
+    def replies_to(self, message_id: str) -> list[dict[str, Any]]:
+        """The replies sent to ``message_id``, oldest first (each once, whatever retries sent)."""
+        with self._lock:
+            return [m for m in self.messages.values() if m.get("parent_id") == message_id]
+
+    def _reply_to(self, r: Recorded, app_id: str, parent_id: str) -> Response:
+        parent = self.messages.get(parent_id)
+        if parent is None:
+            return self._reply(230011, status=400, msg="The message was withdrawn or does not exist.")
+        if app_id not in self.chats.get(parent["chat_id"], set()):
+            return self._reply(230002, status=400, msg="The bot can not be outside the group.")
+        body = r.json
+        msg_type, content = body.get("msg_type"), body.get("content", "")
+        try:
+            mentions = _mentions(msg_type, content)
+        except CardInvalid as exc:
+            return self._reply(230001, status=400, msg=f"invalid content: {exc}")
+        uuid = body.get("uuid")
+        if uuid and (app_id, uuid) in self.uuids:
+            message_id = self.uuids[(app_id, uuid)]
+        else:
+            message_id = f"om_{next(self._ids)}"
+            self.messages[message_id] = {
+                "app_id": app_id,
+                "chat_id": parent["chat_id"],
+                "parent_id": parent_id,
+                "msg_type": msg_type,
+                "content": content,
+                "mentions": mentions,
+                "history": [content],
+            }
+            if uuid:
+                self.uuids[(app_id, uuid)] = message_id
+        data = {
+            "message_id": message_id,
+            "parent_id": parent_id,
+            "chat_id": parent["chat_id"],
+            "msg_type": msg_type,
         }
         return self._reply(data=data)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 
 from signoff.app.db import transaction
@@ -279,3 +280,67 @@ async def test_claude_code_hook_piped_against_the_real_server(
     assert code == 2
     assert out == ""
     assert "401" in err
+
+
+async def expire_all(runtime: Runtime) -> None:
+    from datetime import timedelta
+
+    from signoff.app.models import utcnow
+    from signoff.app.state_machine import expire_overdue
+
+    async with transaction(runtime.sessions) as session:
+        assert await expire_overdue(session, now=utcnow() + timedelta(hours=1))
+
+
+async def test_an_expired_request_reads_as_nobody_deciding_not_as_a_refusal(
+    server: Server, agent_key: str, runtime: Runtime, admin_headers: dict[str, str]
+) -> None:
+    from signoff.hooks.client import GateTimeout
+
+    hook_input = {
+        "session_id": "sess-x",
+        "hook_event_name": "PreToolUse",
+        "tool_name": "pay_invoice",
+        "tool_input": BIG,
+        "tool_use_id": "toolu_x",
+        "cwd": "/tmp",
+        "permission_mode": "default",
+    }
+    async with (
+        AsyncGateClient(server.url, agent_key) as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        task = asyncio.create_task(
+            client.pre_tool_use("pay_invoice", BIG, session_id="s9", tool_call_id="c9")
+        )
+        (rid,) = await pending_ids(runtime, admin)
+        await expire_all(runtime)
+        decision = await asyncio.wait_for(task, 10)
+        replay = await client.pre_tool_use("pay_invoice", BIG, session_id="s9", tool_call_id="c9", deadline=2)
+    said = (
+        f"Not decided in time: approval request {rid} expired (nobody decided within 30m; asked Alice, Bob)"
+    )
+    for answer in (decision, replay):
+        assert not answer.allowed
+        assert answer.failure is None  # the server's answer, not the client failing
+        assert answer.expired
+        assert answer.reason is not None
+        assert answer.reason.startswith(said)
+        assert "Nobody refused this call" in answer.reason
+        assert "Rejected" not in answer.reason
+    with pytest.raises(GateTimeout, match="Not decided in time"):
+        decision.raise_for_denial()
+
+    # The Claude Code hook shows the model the same words, for a fresh call that expires too.
+    async with admin_client(server.url, admin_headers) as admin:
+        hook = asyncio.create_task(run_hook(server.url, agent_key, hook_input))
+        ids = await pending_ids(runtime, admin)
+        await expire_all(runtime)
+        code, out, err = await hook
+    assert code == 0, err
+    output = json.loads(out)["hookSpecificOutput"]
+    assert output["permissionDecision"] == "deny"
+    assert output["permissionDecisionReason"].startswith(
+        f"Signoff: Not decided in time: approval request {ids[0]}"
+    )
+    assert "Nobody refused" in output["permissionDecisionReason"]

@@ -694,6 +694,39 @@ async def test_a_rejected_call_is_an_error_with_the_reason(
     assert calls() == []
 
 
+async def test_an_expired_call_says_nobody_decided_not_that_it_was_denied(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    from datetime import timedelta
+
+    from signoff.app.db import transaction
+    from signoff.app.models import utcnow
+    from signoff.app.state_machine import expire_overdue
+
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "20") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        call = asyncio.create_task(client.call_tool("pay_invoice", BIG))
+        (rid,) = await pending_ids(runtime, admin)
+        async with transaction(runtime.sessions) as session:
+            await expire_overdue(session, now=utcnow() + timedelta(hours=1))
+        result = await asyncio.wait_for(call, 15)
+    assert result.is_error
+    assert text(result) == (
+        f"mcp__up__pay_invoice was not run: Not decided in time: approval request {rid} expired "
+        "(nobody decided within 30m; asked Alice, Bob). Nobody refused this call; ask again if it is "
+        "still needed."
+    )
+    assert result.meta == {"signoff/decision": "expired", "signoff/request_id": rid}
+    assert calls() == []
+
+
 async def test_a_call_held_past_hold_waits_and_its_retry_reattaches(
     server: Server,
     agent_key: str,
