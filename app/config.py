@@ -71,6 +71,10 @@ DEFAULT_REDACT = (
 ``-``, ``_``, spaces, camelCase: see signoff.app.redaction)."""
 
 
+_BY_EMAIL = tuple(kind for kind, registered in CHANNEL_TYPES.items() if registered.identity.by_email)
+"""The channel types that address people by their directory email."""
+
+
 def identity_key(value: str) -> str:
     """The form in which a spelling of someone's key, channel id or email is compared.
 
@@ -104,6 +108,13 @@ class Person(BaseModel):
     def ids(self) -> dict[str, str]:
         """Channel type → user id (``slack: U0ALICE``)."""
         return {k: str(v) for k, v in (self.model_extra or {}).items()}
+
+    def id_on(self, channel_type: str) -> str | None:
+        """Their user id on ``channel_type``: the entry named after it, or their email where the
+        channel type addresses people by email."""
+        if identity_of(channel_type).by_email:
+            return self.email or None
+        return self.ids().get(channel_type)
 
     def identifiers(self, key: str) -> Iterator[tuple[str, str]]:
         """Everything that names this person, with where it is written: their directory
@@ -184,6 +195,9 @@ class SignoffConfig:
             index[("web", identity_key(key))] = key
             for kind, user_id in person.ids().items():
                 index[(kind, identity_key(user_id))] = key
+            if person.email:
+                for kind in _BY_EMAIL:
+                    index[(kind, identity_key(person.email))] = key
         return index
 
     def person_for(self, channel_type: str, user_id: str) -> str | None:
@@ -234,7 +248,7 @@ class SignoffConfig:
         entry = self.people.get(person)
         if entry is None:
             return None
-        return entry.ids().get(channel_type) or (person if channel_type == "web" else None)
+        return entry.id_on(channel_type) or (person if channel_type == "web" else None)
 
     def display_name(self, person: str) -> str:
         entry = self.people.get(person)
@@ -374,11 +388,22 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
                 continue
             kind = channels[gate.channel].type
             identity = identity_of(kind)
+            if identity.by_email and not gate.approvers:
+                problems.append(
+                    f"{where}.approvers: the {kind} channel {gate.channel!r} sends each approver a "
+                    "message, so the gate must list them (people with an email, or addresses)"
+                )
             if identity.user_id is None:
                 continue  # anyone in people, or any id: the channel type has no ids to check
             for j, approver in enumerate(gate.approvers):
                 if approver in doc.people:
-                    if kind not in doc.people[approver].ids():
+                    if identity.by_email and not doc.people[approver].email:
+                        problems.append(
+                            f"{where}.approvers[{j}]: {approver!r} has no email in people, so the "
+                            f"{kind} channel {gate.channel!r} cannot reach them; add "
+                            f"`email: <address>` to people.{approver}"
+                        )
+                    elif not identity.by_email and kind not in doc.people[approver].ids():
                         problems.append(
                             f"{where}.approvers[{j}]: {approver!r} has no {kind} id in people; "
                             f"add `{kind}: <user id>` to people.{approver}"

@@ -252,6 +252,10 @@ class Identity:
     aliases: tuple[str, ...] = ()
     """Keys of :attr:`Click.identity` that name the clicker too, tried in order when the
     directory does not know the click's ``user_id`` (Feishu's ``union_id``)."""
+    by_email: bool = False
+    """People are addressed one by one at the ``email`` of their directory entry (the email
+    channel): that address is their id on this channel type, each approver needs one, and a
+    gate on it must list its approvers (nobody else would receive the message)."""
 
     def is_user_id(self, value: str) -> bool:
         """Whether ``value`` could be a user id of this channel type."""
