@@ -29,8 +29,9 @@ _BUTTONS = {
     "grant": ("#ffffff", "#0a58ca", "#0a58ca"),
     "reject": ("#ffffff", "#cf222e", "#cf222e"),
 }
-_FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif'
-_MONO = 'ui-monospace, Menlo, Consolas, "DejaVu Sans Mono", monospace'
+# Single quotes only: these go inside double-quoted style attributes.
+_FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif"
+_MONO = "ui-monospace, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 
 
 @dataclass(frozen=True, slots=True)

@@ -299,6 +299,22 @@ def test_the_message_has_text_and_html_with_a_link_per_choice() -> None:
     assert "For 1h, finance-bot in this session may run transfer_funds again" in text
 
 
+def test_the_html_is_well_formed_markup() -> None:
+    from html.parser import HTMLParser
+
+    from signoff.channels.email import render_html
+
+    names: set[str] = set()
+
+    class Attributes(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            names.update(name for name, _ in attrs)
+
+    Attributes().feed(render_html(card(), Person("Alice"), _channel().choices(card(), "alice@example.com")))
+    # A quote inside a style attribute would end it early and leave stray attributes behind.
+    assert names <= {"href", "style", "lang", "charset", "name", "content", "role"}
+
+
 def test_what_an_agent_sends_cannot_inject_markup_or_headers() -> None:
     from signoff.channels.email import render_html, subject_of
 
