@@ -57,7 +57,8 @@ def _storable(text: str | None) -> bool:
 
 
 MessageRef = dict[str, str]
-"""Where a posted card lives (for Slack ``channel`` and ``ts``, for Feishu ``message_id``)."""
+"""Where a posted card lives (for Slack ``channel`` and ``ts``, for Feishu ``message_id``, for
+email the ``message_ids`` of the messages sent)."""
 
 
 class Verdict(StrEnum):
@@ -341,7 +342,7 @@ class Channel(Protocol):
     name: str
     """The channel's name in the configuration (``ops-slack``)."""
     type: str
-    """The channel type (``slack``, ``feishu``, ``web``)."""
+    """The channel type (``slack``, ``feishu``, ``email``, ``web``)."""
 
     async def post(self, card: Card) -> MessageRef:
         """Post a new card; raise a :class:`DeliveryError` on failure."""

@@ -122,7 +122,7 @@ class SmtpServer:
 class EmailConfig(BaseModel):
     """One email channel in the configuration file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
 
     type: Literal["email"]
     smtp_url: SecretStr

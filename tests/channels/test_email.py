@@ -122,6 +122,19 @@ def test_the_sender_must_be_an_address() -> None:
             email_config("smtp://mail", **{"from": bad})
 
 
+def test_the_operator_view_of_the_channel_hides_the_smtp_password() -> None:
+    import json
+
+    from signoff.app.queries import masked_channels
+
+    raw = {
+        "channels": {"mail": {"type": "email", "smtp_url": "smtps://u:hunter2@mail", "from": "s@example.com"}}
+    }
+    shown = masked_channels(parse_config(raw))["mail"]
+    assert (shown["type"], shown["from"]) == ("email", "s@example.com")
+    assert "hunter2" not in json.dumps(shown, default=str)
+
+
 def test_plain_smtp_to_another_host_is_warned_about() -> None:
     assert email_config("smtp://127.0.0.1:25?starttls=false").warnings() == []
     assert email_config("smtps://u:p@mail.example.com").warnings() == []
