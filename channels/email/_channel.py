@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 from collections import OrderedDict
@@ -183,12 +184,14 @@ class EmailChannel:
                     )
                     try:
                         await smtp.send_message(msg)
-                    except (SMTPRecipientsRefused, SMTPRecipientRefused, SMTPResponseException) as exc:
-                        if isinstance(exc, SMTPAuthenticationError):
-                            raise
+                    except (SMTPRecipientsRefused, SMTPResponseException) as exc:
+                        # This recipient's envelope or message was refused; the connection
+                        # goes on to the next one (a lost connection ends the post, below).
                         failed[recipient.address] = delivery_error(exc)
                     else:
                         sent[recipient.address.lower()] = str(msg["Message-ID"])
+                with contextlib.suppress(SMTPException, OSError, TimeoutError):
+                    await smtp.quit()  # what was sent is sent, whatever the goodbye says
             except (SMTPException, OSError, TimeoutError) as exc:
                 raise delivery_error(exc) from exc
             finally:

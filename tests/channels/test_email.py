@@ -218,6 +218,23 @@ def test_a_server_with_an_email_channel_needs_a_public_url_and_a_secret() -> Non
         Settings(public_url="signoff.example.com")
 
 
+async def test_a_reload_that_adds_an_email_channel_without_link_settings_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    runtime = Runtime.create(
+        Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"), parse_config({})
+    )
+    try:
+        file = tmp_path / "signoff.yaml"
+        file.write_text(yaml.safe_dump(_raw(["dana@example.com"], {})), encoding="utf-8")
+        outcome = await runtime.reload(file)
+        assert not outcome.ok
+        assert "email links need SIGNOFF_PUBLIC_URL and SIGNOFF_SESSION_SECRET" in outcome.problems[0]
+        assert "mail" not in runtime.channels
+    finally:
+        await runtime.aclose()
+
+
 # --- link tokens -----------------------------------------------------------------------------------
 
 

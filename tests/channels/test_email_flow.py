@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from playwright.async_api import async_playwright, expect
 from sqlmodel import col, select
 
 from signoff.app.config import parse_config
@@ -417,3 +419,33 @@ async def test_a_server_without_email_links_answers_none(http: httpx.AsyncClient
     page = await http.get("/approve/anything.at-all")
     assert page.status_code == 404
     assert "This server does not answer email links." in page.text
+
+
+async def test_a_link_page_works_in_a_browser(
+    mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
+) -> None:
+    from tests.console.test_console_browser import CHROMIUM, CHROMIUM_ARGS, Problems
+
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    server, http = mail_server
+    rid = (await pre(http, agent_key, WIRE))["request_id"]
+    reject = links(await mail_to(smtp, CAROL, rid))["Reject"]
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            problems = Problems(page)
+            await page.goto(server.url + reject)
+            await expect(page.get_by_role("heading", name="Reject")).to_be_visible()
+            await page.get_by_label("Reason (required)").fill("Wrong account")
+            await page.get_by_role("button", name="Reject").click()
+            await expect(page.locator(".flash")).to_have_text("Rejected by Carol.")
+            assert problems.seen == []
+        finally:
+            await browser.close()
+    decided = await state(http, agent_key, rid)
+    assert (decided["status"], decided["reason"]) == ("rejected", "Wrong account")
