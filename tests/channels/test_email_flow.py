@@ -449,3 +449,26 @@ async def test_a_link_page_works_in_a_browser(
             await browser.close()
     decided = await state(http, agent_key, rid)
     assert (decided["status"], decided["reason"]) == ("rejected", "Wrong account")
+
+
+async def test_a_decision_elsewhere_leaves_every_link_saying_who_decided(
+    mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
+) -> None:
+    server, http = mail_server
+    rid = (await pre(http, agent_key))["request_id"]
+    alice = links(await mail_to(smtp, ALICE, rid))
+    decided = await http.post(
+        f"/v1/admin/requests/{rid}/decision",
+        json={"verdict": "reject", "operator": "bob", "reason": "duplicate"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert decided.status_code == 200, decided.text
+    for path in alice.values():
+        shown = await http.get(path)
+        assert "This request was already rejected by Bob." in shown.text
+        assert 'method="post"' not in shown.text
+        refused = await confirm(http, path)
+        assert refused.status_code == 409
+        assert "This request was already rejected by Bob." in refused.text
+    assert (await state(http, agent_key, rid))["decided_by"]["name"] == "Bob"
+    assert [v.voter for v in await votes(server, rid)] == ["bob"]
