@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml hooks/pyproject.toml
 	@echo "==> installing Signoff and its development tools into $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	@$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu]" --group dev
+	@$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email]" --group dev
 	@rm -f $(VENV)/.installed-* && touch $@
 
 run: install

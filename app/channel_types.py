@@ -9,9 +9,17 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from signoff.channels import Channel, Identity, fake, feishu, slack, web
+from signoff.channels import Channel, Identity, email, fake, feishu, slack, web
+from signoff.channels.email import LinkSigner
 
-__all__ = ["CHANNEL_TYPES", "ChannelConfig", "ChannelType", "build_channel", "identity_of"]
+__all__ = [
+    "CHANNEL_TYPES",
+    "ChannelConfig",
+    "ChannelType",
+    "build_channel",
+    "identity_of",
+    "needs_links",
+]
 
 
 class ChannelConfig(Protocol):
@@ -22,8 +30,11 @@ class ChannelConfig(Protocol):
 @dataclass(frozen=True)
 class ChannelType:
     config: type[BaseModel]
-    create: Callable[[str, Any], Channel]
+    create: Callable[[str, Any], Channel] | None = None
     identity: Identity = field(default_factory=Identity)
+    create_linked: Callable[[str, Any, LinkSigner], Channel] | None = None
+    """For a channel type whose messages carry signed links back to this server (email):
+    built with the server's :class:`LinkSigner` instead of by ``create``."""
 
 
 CHANNEL_TYPES: dict[str, ChannelType] = {
@@ -31,13 +42,27 @@ CHANNEL_TYPES: dict[str, ChannelType] = {
     "fake": ChannelType(fake.FakeConfig, fake.create),
     "feishu": ChannelType(feishu.FeishuConfig, feishu.create, feishu.IDENTITY),
     "slack": ChannelType(slack.SlackConfig, slack.create, slack.IDENTITY),
+    "email": ChannelType(email.EmailConfig, identity=email.IDENTITY, create_linked=email.create),
 }
 
 _ANYONE = Identity()
 
 
-def build_channel(name: str, config: ChannelConfig) -> Channel:
-    return CHANNEL_TYPES[config.type].create(name, config)
+def needs_links(config: ChannelConfig) -> bool:
+    """Whether a channel of this configuration can only be built with a link signer."""
+    return CHANNEL_TYPES[config.type].create_linked is not None
+
+
+def build_channel(name: str, config: ChannelConfig, *, links: LinkSigner | None = None) -> Channel:
+    """The channel ``name``; ``ValueError`` when it needs ``links`` and has none."""
+    kind = CHANNEL_TYPES[config.type]
+    if kind.create_linked is not None:
+        if links is None:
+            raise ValueError(f"channel {name!r} of type {config.type} needs signed links")
+        return kind.create_linked(name, config, links)
+    if kind.create is None:
+        raise ValueError(f"channel type {config.type} has no factory")
+    return kind.create(name, config)
 
 
 def identity_of(channel_type: str) -> Identity:

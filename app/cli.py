@@ -178,10 +178,14 @@ def serve(
 
     from signoff.app.logs import configure_logging
     from signoff.app.main import create_app
+    from signoff.app.runtime import missing_link_settings
 
     settings = _settings()
     if settings.config is not None:
-        _config(settings, needed_for="serve")  # refuse to start on a file with problems
+        config = _config(settings, needed_for="serve")  # refuse to start on a file with problems
+        problem = missing_link_settings(settings, config)
+        if problem is not None:
+            raise CliError(problem, 2)
     configure_logging(settings.log_format, settings.log_level)
     if migrate_first and settings.migrate_on_start:
         with _database(settings):

@@ -80,6 +80,10 @@ DEFAULT_REDACT = (
 ``-``, ``_``, spaces, camelCase: see signoff.app.redaction)."""
 
 
+_BY_EMAIL = tuple(kind for kind, registered in CHANNEL_TYPES.items() if registered.identity.by_email)
+"""The channel types that address people by their directory email."""
+
+
 def identity_key(value: str) -> str:
     """The form in which a spelling of someone's key, channel id or email is compared.
 
@@ -113,6 +117,13 @@ class Person(BaseModel):
     def ids(self) -> dict[str, str]:
         """Channel type → user id (``slack: U0ALICE``)."""
         return {k: str(v) for k, v in (self.model_extra or {}).items()}
+
+    def id_on(self, channel_type: str) -> str | None:
+        """Their user id on ``channel_type``: the entry named after it, or their email where the
+        channel type addresses people by email."""
+        if identity_of(channel_type).by_email:
+            return self.email or None
+        return self.ids().get(channel_type)
 
     def identifiers(self, key: str) -> Iterator[tuple[str, str]]:
         """Everything that names this person, with where it is written: their directory
@@ -280,6 +291,9 @@ class SignoffConfig:
             index[("web", identity_key(key))] = key
             for kind, user_id in person.ids().items():
                 index[(kind, identity_key(user_id))] = key
+            if person.email:
+                for kind in _BY_EMAIL:
+                    index[(kind, identity_key(person.email))] = key
         return index
 
     def person_for(self, channel_type: str, user_id: str) -> str | None:
@@ -330,7 +344,7 @@ class SignoffConfig:
         entry = self.people.get(person)
         if entry is None:
             return None
-        return entry.ids().get(channel_type) or (person if channel_type == "web" else None)
+        return entry.id_on(channel_type) or (person if channel_type == "web" else None)
 
     def display_name(self, person: str) -> str:
         entry = self.people.get(person)
@@ -437,16 +451,30 @@ def _ambiguous_people(people: Mapping[str, Person]) -> list[str]:
 
 
 def _approver_problems(
-    approvers: Iterable[str], where: str, kind: str, people: Mapping[str, Person], *, known: bool = False
+    approvers: Iterable[str],
+    where: str,
+    kind: str,
+    people: Mapping[str, Person],
+    *,
+    channel: str,
+    known: bool = False,
 ) -> list[str]:
-    """Approvers a ``kind`` channel cannot recognise: a person without a ``kind`` id, or a
-    raw id not of that type. ``known``: each must be in ``people`` or an id of that type
-    even where the type has no ids of its own."""
+    """Approvers the ``kind`` channel ``channel`` cannot recognise (or, sending by email,
+    reach): a person without a ``kind`` id (an email), or a raw id not of that type.
+    ``known``: each must be in ``people`` or an id of that type even where the type has no
+    ids of its own."""
     identity = identity_of(kind)
     problems: list[str] = []
     for j, approver in enumerate(approvers):
         if approver in people:
-            if identity.user_id is not None and kind not in people[approver].ids():
+            if identity.by_email and not people[approver].email:
+                problems.append(
+                    f"{where}[{j}]: {approver!r} has no email in people, so the {kind} channel "
+                    f"{channel!r} cannot reach them; add `email: <address>` to people.{approver}"
+                )
+            elif (
+                not identity.by_email and identity.user_id is not None and kind not in people[approver].ids()
+            ):
                 problems.append(
                     f"{where}[{j}]: {approver!r} has no {kind} id in people; "
                     f"add `{kind}: <user id>` to people.{approver}"
@@ -500,14 +528,23 @@ def _gate_problems(
         elif why is None:
             kind = channels[step.channel].type
             problems.extend(
-                _approver_problems(step.approvers, f"{path}.approvers", kind, doc.people, known=True)
+                _approver_problems(
+                    step.approvers, f"{path}.approvers", kind, doc.people, channel=step.channel, known=True
+                )
             )
 
     why = channel_problem(gate.channel, f"{where}.channel")
     if why is not None:
         return [why, *problems] if why else problems
     kind = channels[gate.channel].type
-    return [*_approver_problems(gate.approvers, f"{where}.approvers", kind, doc.people), *problems]
+    if identity_of(kind).by_email and not gate.approvers:
+        problems.insert(
+            0,
+            f"{where}.approvers: the {kind} channel {gate.channel!r} sends each approver a message, "
+            "so the gate must list them (people with an email, or addresses)",
+        )
+    found = _approver_problems(gate.approvers, f"{where}.approvers", kind, doc.people, channel=gate.channel)
+    return [*found, *problems]
 
 
 def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:

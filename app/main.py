@@ -25,7 +25,7 @@ from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transact
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
 from signoff.app.replicas import REPORT_SECONDS
-from signoff.app.routers import admin, agent, callbacks, ops
+from signoff.app.routers import admin, agent, approve, callbacks, ops
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
 from signoff.app.state_machine import NOTIFY_CHANNEL, expire_overdue
@@ -236,6 +236,7 @@ def create_app(
     app.include_router(agent.router)
     app.include_router(admin.router)
     app.include_router(callbacks.router)
+    app.include_router(approve.router)
     app.include_router(ops.router)
     console.install(app, settings)
 

@@ -15,7 +15,7 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit, metrics, replicas
-from signoff.app.channel_types import build_channel
+from signoff.app.channel_types import build_channel, needs_links
 from signoff.app.clicks import ClickService
 from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import Wakeups, create_engine, is_sqlite, sessionmaker, transaction
@@ -25,9 +25,10 @@ from signoff.app.models import ConfirmationRequest, utcnow
 from signoff.app.settings import Settings
 from signoff.app.waiters import Hub
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel
+from signoff.channels.email import LinkSigner
 from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
 
-__all__ = ["Reload", "Runtime"]
+__all__ = ["Reload", "Runtime", "link_signer", "missing_link_settings"]
 
 log = logging.getLogger("signoff")
 
@@ -41,6 +42,38 @@ def _registries(config: SignoffConfig) -> dict[str, HookRegistry]:
         )
         for agent, cfg in config.agents.items()
     }
+
+
+def link_signer(settings: Settings) -> LinkSigner | None:
+    """The signer of this server's links; None without ``SIGNOFF_PUBLIC_URL`` and
+    ``SIGNOFF_SESSION_SECRET``."""
+    key = settings.link_key()
+    if key is None or settings.public_url is None:
+        return None
+    return LinkSigner(key, settings.public_url)
+
+
+def missing_link_settings(settings: Settings, config: SignoffConfig) -> str | None:
+    """Why ``config``'s channels cannot send links under ``settings`` (None: they can, or none sends)."""
+    linked = [name for name, channel in config.channels.items() if needs_links(channel)]
+    if not linked:
+        return None
+    missing = [
+        name
+        for name, value in (
+            ("SIGNOFF_PUBLIC_URL", settings.public_url),
+            ("SIGNOFF_SESSION_SECRET", settings.session_secret),
+        )
+        if value is None
+    ]
+    if not missing:
+        return None
+    return (
+        f"{config.source}: channels.{linked[0]}: email links need {' and '.join(missing)}: "
+        "SIGNOFF_PUBLIC_URL is the address approvers open (https://signoff.example.com), "
+        "SIGNOFF_SESSION_SECRET a long random value that signs the links "
+        "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +140,9 @@ class Runtime:
     started_channels: bool = False
     """Whether channels' own connections (Socket Mode, long connection) are running."""
     replica: str = field(default_factory=replicas.replica_id)
+    links: LinkSigner | None = None
+    """Signs and checks the email channels' links (None without SIGNOFF_PUBLIC_URL and
+    SIGNOFF_SESSION_SECRET; a configuration with an email channel then does not load)."""
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions)
@@ -125,6 +161,9 @@ class Runtime:
         channels: dict[str, Channel] | None = None,
     ) -> Runtime:
         config = config if config is not None else load_config(settings.config)
+        problem = missing_link_settings(settings, config)
+        if problem is not None:
+            raise ConfigError([problem])
         for warning in config.warnings():
             log.warning("%s", warning)
         engine = create_engine(settings.database_url)
@@ -145,10 +184,21 @@ class Runtime:
             if is_sqlite(settings.database_url)
             else engine.execution_options(isolation_level="AUTOCOMMIT")
         )
-        built = {name: build_channel(name, cfg) for name, cfg in config.channels.items()}
+        links = link_signer(settings)
+        built = {name: build_channel(name, cfg, links=links) for name, cfg in config.channels.items()}
         built.update(channels or {})
-        runtime = cls(settings, config, engine, sessions, hub, outbox_wake, reads, built, _registries(config))
-        return runtime
+        return cls(
+            settings,
+            config,
+            engine,
+            sessions,
+            hub,
+            outbox_wake,
+            reads,
+            built,
+            _registries(config),
+            links=links,
+        )
 
     async def report_replica(self) -> None:
         """Record the configuration this process runs, for the console's replica view."""
@@ -180,6 +230,9 @@ class Runtime:
         source = path if path is not None else self.settings.config
         try:
             config = load_config(source)
+            problem = missing_link_settings(self.settings, config)
+            if problem is not None:
+                raise ConfigError([problem])
         except ConfigError as exc:
             self.reload_failures += 1
             metrics.CONFIG_RELOAD_FAILURES.inc()
@@ -193,7 +246,7 @@ class Runtime:
             if old is not None and self.config.channels.get(name) == cfg:
                 kept[name] = old
             elif name not in kept:
-                fresh[name] = build_channel(name, cfg)
+                fresh[name] = build_channel(name, cfg, links=self.links)
         retired = [ch for name, ch in self.channels.items() if name not in kept]
         if self.started_channels:
             for ch in fresh.values():

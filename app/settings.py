@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _PLACEHOLDERS = {"", "changeme", "change-me", "secret", "admin", "password", "token"}
@@ -45,6 +48,30 @@ class Settings(BaseSettings):
     """Signs the console's session cookies; unset: a random key per process (sign-ins end on restart)."""
     session_max_age_seconds: float = Field(default=12 * 3600, gt=0)
     """How long a console sign-in lasts."""
+    public_url: str | None = None
+    """Where people reach this server (``SIGNOFF_PUBLIC_URL``, ``https://signoff.example.com``):
+    the base of the links in emails. Links are signed with a key derived from
+    ``SIGNOFF_SESSION_SECRET``, so every replica accepts them and they outlive restarts."""
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(
+                "SIGNOFF_PUBLIC_URL must be the server's http(s) address without query or fragment "
+                "(https://signoff.example.com)"
+            )
+        return value.strip().rstrip("/")
+
+    def link_key(self) -> bytes | None:
+        """The key that signs email links, derived from ``SIGNOFF_SESSION_SECRET`` (None: unset)."""
+        if self.session_secret is None:
+            return None
+        secret = self.session_secret.get_secret_value().encode()
+        return hmac.new(secret, b"signoff.email.links", hashlib.sha256).digest()
 
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:
@@ -63,7 +90,11 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _refuse_weak_session_secret(self) -> Settings:
         secret = self.session_secret.get_secret_value() if self.session_secret else None
-        if secret is not None and len(secret.strip()) < 16 and self.environment != "development":
+        if secret is None or self.environment == "development":
+            return self
+        if secret.strip().lower() in _PLACEHOLDERS:
+            raise ValueError(f"SIGNOFF_SESSION_SECRET is a placeholder; set a long random value {_MAKE_ONE}")
+        if len(secret.strip()) < 16:
             raise ValueError(f"SIGNOFF_SESSION_SECRET is too short; set a long random value {_MAKE_ONE}")
         return self
 

@@ -24,7 +24,7 @@ from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.state_machine import expire, get_request, queue_updates, settle, transition
 from signoff.channels import GrantChoice, Verdict, changes_text, edit_problem
 
-__all__ = ["VoteResult", "cast_vote", "refuse_vote", "votes_for"]
+__all__ = ["VoteResult", "cast_vote", "describe_decided", "refuse_vote", "votes_for"]
 
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
 _VOTE_KEY = ("request_id", "gate", "voter")
@@ -42,7 +42,7 @@ class VoteResult:
     who cast it or when: the operator API answers 422."""
 
 
-def _describe_decided(req: ConfirmationRequest) -> str:
+def describe_decided(req: ConfirmationRequest) -> str:
     who = req.decided_by_name or req.decided_by_user_id
     if req.status == Status.EXPIRED:
         return "This request has already expired."
@@ -89,7 +89,7 @@ async def cast_vote(
         return VoteResult(False, message, req, unprocessable=unprocessable)
 
     if req.status != Status.PENDING:
-        return await refuse(_describe_decided(req))
+        return await refuse(describe_decided(req))
     if req.expires_at <= now:
         await expire(session, req, now=now)
         return await refuse("This request has already expired.")

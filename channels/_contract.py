@@ -68,7 +68,8 @@ def _storable(text: str | None) -> bool:
 
 
 MessageRef = dict[str, str]
-"""Where a posted card lives (for Slack ``channel`` and ``ts``, for Feishu ``message_id``)."""
+"""Where a posted card lives (for Slack ``channel`` and ``ts``, for Feishu ``message_id``, for
+email the ``message_ids`` of the messages sent)."""
 
 
 class Verdict(StrEnum):
@@ -410,6 +411,10 @@ class Identity:
     aliases: tuple[str, ...] = ()
     """Keys of :attr:`Click.identity` that name the clicker too, tried in order when the
     directory does not know the click's ``user_id`` (Feishu's ``union_id``)."""
+    by_email: bool = False
+    """People are addressed one by one at the ``email`` of their directory entry (the email
+    channel): that address is their id on this channel type, each approver needs one, and a
+    gate on it must list its approvers (nobody else would receive the message)."""
 
     def is_user_id(self, value: str) -> bool:
         """Whether ``value`` could be a user id of this channel type."""
@@ -500,7 +505,7 @@ class Channel(Protocol):
     name: str
     """The channel's name in the configuration (``ops-slack``)."""
     type: str
-    """The channel type (``slack``, ``feishu``, ``web``)."""
+    """The channel type (``slack``, ``feishu``, ``email``, ``web``)."""
 
     async def post(self, card: Card) -> MessageRef:
         """Post a new card; raise a :class:`DeliveryError` on failure."""
