@@ -84,6 +84,14 @@ def _config(smtp_port: int) -> dict[str, Any]:
                         require_reject_reason=True,
                     ),
                     gate("short", "quick_*", ["alice"], timeout="1s"),
+                    gate(
+                        "nudged",
+                        "ask_*",
+                        ["alice", "bob"],
+                        quorum=2,
+                        remind=["2s"],
+                        escalate=[{"after": "3s", "channel": "mail", "approvers": ["carol"]}],
+                    ),
                 ]
             }
         },
@@ -472,3 +480,34 @@ async def test_a_decision_elsewhere_leaves_every_link_saying_who_decided(
         assert "This request was already rejected by Bob." in refused.text
     assert (await state(http, agent_key, rid))["decided_by"]["name"] == "Bob"
     assert [v.voter for v in await votes(server, rid)] == ["bob"]
+
+
+async def test_a_reminder_mails_who_has_not_voted_and_an_escalation_mails_whom_it_adds(
+    mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
+) -> None:
+    """Alice approves at once; at 2 s Bob (only Bob) is reminded with links of his own; at
+    3 s the escalation mails Carol, whose link then decides with Alice's vote."""
+    server, http = mail_server
+    rid = (await pre(http, agent_key, {"tool_name": "ask_budget", "arguments": {"amount": 5}}))["request_id"]
+    alice = links(await mail_to(smtp, ALICE, rid))
+    await mail_to(smtp, BOB, rid)
+    assert (await confirm(http, alice["Approve"])).status_code == 200
+
+    def messages(address: str) -> list[Received]:
+        return [r for r in smtp.to(address) if r.message["X-Signoff-Request"] == rid]
+
+    first, reminder = await eventually(lambda: messages(BOB) if len(messages(BOB)) == 2 else None, timeout=20)
+    subject = "Waiting on you: Approval needed: finance-bot wants to run ask_budget"
+    assert reminder.message["Subject"] == subject
+    assert reminder.message["Message-ID"] != first.message["Message-ID"]
+    [carol] = await eventually(lambda: messages(CAROL), timeout=20)
+    assert carol.message["Subject"].startswith("Waiting on you: ")
+    assert len(messages(ALICE)) == 1, "who has voted is not reminded"
+
+    done = await confirm(http, links(carol)["Approve"])
+    assert done.status_code == 200, done.text
+    decided = await state(http, agent_key, rid)
+    assert decided["status"] == "approved"
+    actions = [a for a, r in await audit_trail(server) if r == rid]
+    assert actions.count("reminded") == 1
+    assert actions.count("escalated") == 1
