@@ -89,13 +89,15 @@ _REVERSED_PAIR = re.compile(r"[:=][ \t]*[\"']?(?P<key>[A-Za-z0-9_.-]+(?: [A-Za-z
 _PAIR_VALUE = re.compile(rf"[ \t]*[\"']?[ \t]*(?P<value>(?:{_SCHEME}\s+)?[^\s\"'&,;]+)")
 # Where a shell would run or expand something: a secret is literal text, so a mask ends
 # before the first of these and the command or expansion stays in front of the approvers.
-_EXPANSION = re.compile(r"\$[({]|`|[<>]\(")
+# Only whole ones count: a lone backtick or ``$(`` runs nothing.
+_EXPANSION = re.compile(r"\$\([^)]*\)|\$\{[^}]*\}|`[^`]*`|[<>]\([^)]*\)")
 
 
 def _literal_end(text: str, start: int, stop: int) -> int:
-    """Where the literal text in ``text[start:stop]`` ends: at the first shell expansion."""
-    m = _EXPANSION.search(text, start, stop)
-    return stop if m is None else m.start()
+    """Where the literal text in ``text[start:stop]`` ends: at the first shell expansion that
+    begins there (a whole one: ``$(…)``, ``${…}``, ```…```, ``<(…)``; it may end later)."""
+    m = _EXPANSION.search(text, start)
+    return stop if m is None or m.start() >= stop else m.start()
 
 
 def _masked_forms(text: str) -> str:

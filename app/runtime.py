@@ -187,7 +187,7 @@ class Runtime:
         links = link_signer(settings)
         built = {name: build_channel(name, cfg, links=links) for name, cfg in config.channels.items()}
         built.update(channels or {})
-        return cls(
+        runtime = cls(
             settings,
             config,
             engine,
@@ -199,6 +199,7 @@ class Runtime:
             _registries(config),
             links=links,
         )
+        return runtime
 
     async def report_replica(self) -> None:
         """Record the configuration this process runs, for the console's replica view."""

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from signoff.app.config import DEFAULT_REDACT
-from signoff.app.redaction import REDACTED, redact
+from signoff.app.redaction import _EXPANSION, REDACTED, redact
 
 WORDS = frozenset(DEFAULT_REDACT)
 SEPARATORS = ["", "", "", "-", "_", " ", "."]
@@ -52,6 +52,8 @@ paths = st.lists(
 def test_any_spelling_of_a_redact_key_is_redacted_at_any_depth(
     key: str, path: list[Any], secret: Any
 ) -> None:
+    # A whole shell expansion is shown (tests/redteam/test_hidden_arguments.py).
+    assume(not (isinstance(secret, str) and _EXPANSION.search(secret)))
     body = nest({key: secret, "amount": 90000}, path)
     out = redact(body, WORDS)
     leaf = dig(out, path)
@@ -150,7 +152,7 @@ def test_secrets_embedded_in_text_are_masked(
     # No vowels (nor p, w): a user name that spells no redact word.
     st.text("bcdfghjklmnqrstvxzBCDFGHJKLMNQRSTVXZ0123456789._-", min_size=1, max_size=12),
     # ``$(`` starts a command substitution, which is shown (tests/redteam/test_hidden_arguments.py).
-    st.text(ALNUM + "!$%*()+~", min_size=8, max_size=30).filter(lambda p: "$(" not in p),
+    st.text(ALNUM + "!$%*()+~", min_size=8, max_size=30).filter(lambda p: not _EXPANSION.search(p)),
     st.sampled_from(["https", "postgresql", "redis", "amqp"]),
 )
 def test_passwords_in_urls_are_masked(user: str, password: str, scheme: str) -> None:
