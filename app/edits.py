@@ -13,8 +13,8 @@ only when every one of these holds, else it is refused and nothing changes:
 - a grant given with the approval holds none of the changed fields the same (its digests are
   of the proposed values);
 - the changed call is reached by no gate of the agent that was not asked: every gate is
-  evaluated again on the changed arguments, and a condition that reads a redacted field, or
-  cannot be evaluated, counts as reaching it (fail closed).
+  evaluated again on the changed arguments, and a condition that reads a redacted field (of
+  the arguments or the metadata), or cannot be evaluated, counts as reaching it (fail closed).
 
 A field given its proposed value is no change; an edit that changes nothing is an approval
 as asked. The request keeps the call as approved (``approved_arguments``); the agent is
@@ -128,6 +128,7 @@ def _escape(
     asked = {g.key for g in gates}
     approved = {**req.arguments, **changes}
     hidden = {name for name, value in approved.items() if _shows_redacted(value)}
+    hidden |= {name for name, value in req.request_metadata.items() if _shows_redacted(value)}
     call = HookContext(
         agent_id=req.agent_id,
         tool_name=req.tool_name,
@@ -147,8 +148,8 @@ def _escape(
 
 
 def _reaches(gate: ConfirmationGate, call: HookContext, hidden: set[str]) -> bool:
-    """Whether ``gate`` catches ``call``; a condition naming a redacted field catches it (the
-    value it would read is not known here)."""
+    """Whether ``gate`` catches ``call``; a condition naming a redacted field of the arguments
+    or the metadata catches it (the value it would read is not known here)."""
     try:
         if not gate.matches_tool(call.tool_name):
             return False

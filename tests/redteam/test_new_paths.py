@@ -286,3 +286,37 @@ async def test_the_requester_cannot_approve_their_own_call_once_it_escalates_to_
         r = await decide(http, rid, operator=operator)
         assert r.status_code in (403, 409, 422), r.text
     assert await status(runtime, rid) == "pending"
+
+
+# --- edits: a stricter gate reading a redacted metadata value --------------------------------------
+
+METADATA_CONFIG: dict[str, Any] = copy.deepcopy(CONFIG)
+# Before 'sends' in the chain: on the replay it sees the call as proposed, not as approved.
+METADATA_CONFIG["agents"]["finance-bot"]["hooks"].insert(
+    0,
+    {
+        "type": "confirmation_gate",
+        "name": "live money",
+        "tools": ["send_*"],
+        "when": "args.amount >= 5000 && has(metadata.api_token) && metadata.api_token == 'live'",
+        "channel": "chat",
+        "approvers": ["carol"],
+        "timeout": "30m",
+    },
+)
+
+
+@pytest.mark.parametrize("config", [parse_config(METADATA_CONFIG, source="test.yaml")])
+async def test_an_edit_into_a_gate_reading_redacted_metadata_is_refused(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime, config: SignoffConfig
+) -> None:
+    """The stored request shows ``metadata.api_token`` redacted, so whether 'live money' would
+    catch the changed call is not known: the edit is refused (fail closed), not waved through."""
+    call = send(amount=2000, metadata={"api_token": "live"})
+    rid = await pending(http, agent_key, call)
+    r = await decide(http, rid, arguments={"amount": 6000})
+    assert r.status_code == 422, r.text
+    assert await status(runtime, rid) == "pending"
+    assert "api_token" in r.json()["detail"] or "live money" in r.text
+    replay = (await http.post(PRE, json=call, headers=agent(agent_key))).json()
+    assert replay["decision"] == "pending", replay
