@@ -320,3 +320,50 @@ async def test_an_edit_into_a_gate_reading_redacted_metadata_is_refused(
     assert "api_token" in r.json()["detail"] or "live money" in r.text
     replay = (await http.post(PRE, json=call, headers=agent(agent_key))).json()
     assert replay["decision"] == "pending", replay
+
+
+# --- edits beside another gate; grants after revoke -----------------------------------------------
+
+
+@pytest.mark.parametrize("operator", ["alice", "carol"])
+async def test_an_edit_cannot_decide_a_request_another_gate_still_waits_on(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime, operator: str
+) -> None:
+    """2,000,000 asks 'sends' (alice) and 'treasury' (carol): neither may edit it down, since
+    neither approval decides the request alone."""
+    rid = await pending(http, agent_key, send(amount=2_000_000))
+    r = await decide(http, rid, operator=operator, arguments={"amount": 1500})
+    assert r.status_code == 422, r.text
+    assert await status(runtime, rid) == "pending"
+
+
+async def test_a_revoked_grant_allows_nothing_and_its_request_key_is_single_use(
+    http: httpx.AsyncClient, agent_key: str
+) -> None:
+    call = send()
+    rid = await pending(http, agent_key, call)
+    assert (await decide(http, rid, grant={"scope": "session", "for": "1h"})).status_code == 200
+    assert (await http.post(PRE, json=send(), headers=agent(agent_key))).json()["decision"] == "allow"
+    [grant] = (await http.get("/v1/admin/grants", params={"active": "true"}, headers=ADMIN)).json()
+    assert (await http.delete(f"/v1/admin/grants/{grant['id']}", headers=ADMIN)).status_code == 200
+    after = (await http.post(PRE, json=send(), headers=agent(agent_key))).json()
+    assert after["decision"] == "pending", after
+    # The request it was given with still allows its own call once, then no more.
+    assert (await http.post(PRE, json=call, headers=agent(agent_key))).json()["decision"] == "allow"
+    assert (await http.post(POST, json={**call, "result": "ok"}, headers=agent(agent_key))).status_code == 200
+    assert (await http.post(PRE, json=call, headers=agent(agent_key))).json()["decision"] == "deny"
+
+
+@pytest.mark.parametrize("config", [parse_config(METADATA_CONFIG, source="test.yaml")])
+async def test_a_replay_whose_metadata_reaches_a_gate_not_asked_is_denied(
+    http: httpx.AsyncClient, agent_key: str, config: SignoffConfig
+) -> None:
+    """Same key, same arguments, other metadata: the replay now reaches 'live money', which
+    never approved it."""
+    call = send(amount=6000)
+    rid = await pending(http, agent_key, call)
+    assert (await decide(http, rid)).status_code == 200
+    live = {**call, "metadata": {"api_token": "live"}}
+    replay = (await http.post(PRE, json=live, headers=agent(agent_key))).json()
+    assert replay["decision"] == "deny", replay
+    assert (await http.post(PRE, json=call, headers=agent(agent_key))).json()["decision"] == "allow"
