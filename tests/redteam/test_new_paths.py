@@ -367,3 +367,22 @@ async def test_a_replay_whose_metadata_reaches_a_gate_not_asked_is_denied(
     replay = (await http.post(PRE, json=live, headers=agent(agent_key))).json()
     assert replay["decision"] == "deny", replay
     assert (await http.post(PRE, json=call, headers=agent(agent_key))).json()["decision"] == "allow"
+
+
+@pytest.mark.parametrize("config", [parse_config(METADATA_CONFIG, source="test.yaml")])
+async def test_an_edited_approval_replayed_with_other_metadata_does_not_pass_a_gate_it_reaches(
+    http: httpx.AsyncClient, agent_key: str, config: SignoffConfig
+) -> None:
+    """The edit to 6000 was checked against the call as asked (no live token). Replayed under
+    the same key with the live token, the call as approved reaches 'live money' (which runs
+    before 'sends' and so sees only the proposed 2000): it is denied, not allowed."""
+    call = send(amount=2000)
+    rid = await pending(http, agent_key, call)
+    assert (await decide(http, rid, arguments={"amount": 6000})).status_code == 200
+    live = {**call, "metadata": {"api_token": "live"}}
+    replay = (await http.post(PRE, json=live, headers=agent(agent_key))).json()
+    assert replay["decision"] == "deny", replay
+    assert "live money" in replay["reason"], replay
+    as_asked = (await http.post(PRE, json=call, headers=agent(agent_key))).json()
+    assert as_asked["decision"] == "allow", as_asked
+    assert as_asked["modified_arguments"]["amount"] == 6000
