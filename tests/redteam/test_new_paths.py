@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -386,3 +387,59 @@ async def test_an_edited_approval_replayed_with_other_metadata_does_not_pass_a_g
     as_asked = (await http.post(PRE, json=call, headers=agent(agent_key))).json()
     assert as_asked["decision"] == "allow", as_asked
     assert as_asked["modified_arguments"]["amount"] == 6000
+
+
+# --- Slack: a view_submission whose private_metadata was forged -----------------------------------
+
+from tests.channels.conftest import _no_proxy, fake_slack  # noqa: E402, F401  (fixtures)
+from tests.channels.fake_slack import FakeSlack  # noqa: E402
+from tests.channels.test_edit_choices import (  # noqa: E402
+    SLACK,
+    open_modal,
+    posted_buttons,
+    pre,
+    slack_server,  # noqa: F401  (fixture)
+    state,
+    submission,
+)
+from tests.conftest import Server  # noqa: E402
+
+FORGED = st.sampled_from(
+    [
+        # a field the gate does not list, or that is redacted, typed into a forged input
+        {"fields": [["to", "text"]], "typed": "mallory"},
+        {"fields": [["api_token", "text"]], "typed": "tok-mine"},
+        {"fields": [["amount", "json"]], "typed": "2000000"},
+        # the card's channel said to be another conversation
+        {"channel_id": "C0OTHER", "fields": [["amount", "json"]], "typed": "5"},
+        # another request's id
+        {"request_id": "0" * 32, "fields": [["amount", "json"]], "typed": "5"},
+    ]
+)
+
+
+@PROPERTY
+@given(forged=FORGED)
+async def test_a_forged_slack_edit_modal_changes_nothing(
+    fake_slack: FakeSlack,  # noqa: F811
+    slack_server: tuple[Server, httpx.AsyncClient],  # noqa: F811
+    agent_key: str,
+    forged: dict[str, Any],
+) -> None:
+    """Whatever the modal's metadata claims (fields, channel, request), the server decides by
+    the request and the gates: the call stays pending, or the edit is refused."""
+    _server, http = slack_server
+    call_answer = await pre(http, agent_key)
+    rid = call_answer["request_id"]
+    assert call_answer["decision"] == "pending", call_answer
+    await posted_buttons(fake_slack)
+    view = await open_modal(fake_slack, http, rid)
+    metadata = json.loads(view["private_metadata"])
+    metadata.update({k: v for k, v in forged.items() if k != "typed"})
+    view = {**view, "private_metadata": json.dumps(metadata)}
+    inputs = [b for b in view["blocks"] if b["type"] == "input"]
+    typed = {i: (forged["typed"] if i == 0 else None) for i in range(len(inputs))}
+    body, headers = submission(view, "W0ALICE", typed)
+    await http.post(f"/callbacks/slack/{SLACK}", content=body, headers=headers)
+    shown = await state(http, agent_key, rid)
+    assert shown["status"] == "pending", shown
