@@ -13,12 +13,14 @@ only when every one of these holds, else it is refused and nothing changes:
 - a grant given with the approval holds none of the changed fields the same (its digests are
   of the proposed values);
 - the changed call is reached by no gate of the agent that was not asked: every gate is
-  evaluated again on the changed arguments, and a condition that reads a redacted field, or
-  cannot be evaluated, counts as reaching it (fail closed).
+  evaluated again on the changed arguments, and a condition that reads a redacted field (of
+  the arguments or the metadata), or cannot be evaluated, counts as reaching it (fail closed).
 
 A field given its proposed value is no change; an edit that changes nothing is an approval
 as asked. The request keeps the call as approved (``approved_arguments``); the agent is
-answered ``allow`` with ``modified_arguments``, its call's own arguments with the changes.
+answered ``allow`` with ``modified_arguments``, its call's own arguments with the changes,
+unless the call as approved, in the context it is replayed in (its user and metadata), is
+caught by a gate that was not asked (:func:`replay_refusal`): then it is denied.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
-from signoff.app.eligibility import GateSnapshot
+from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import ConfirmationRequest
 from signoff.app.redaction import REDACTED, redactor
 from signoff.channels import ABSENT, ArgumentChange, GrantChoice, edit_problem
@@ -48,6 +50,7 @@ __all__ = [
     "executed_as_approved",
     "modified_arguments",
     "record_approved",
+    "replay_refusal",
     "same_call",
 ]
 
@@ -125,9 +128,9 @@ def _escape(
     req: ConfirmationRequest, gates: Sequence[GateSnapshot], changes: Mapping[str, Any], config: SignoffConfig
 ) -> str | None:
     """Why the changed call would slip past a gate of the agent that was not asked, or None."""
-    asked = {g.key for g in gates}
     approved = {**req.arguments, **changes}
     hidden = {name for name, value in approved.items() if _shows_redacted(value)}
+    hidden |= {name for name, value in req.request_metadata.items() if _shows_redacted(value)}
     call = HookContext(
         agent_id=req.agent_id,
         tool_name=req.tool_name,
@@ -137,18 +140,39 @@ def _escape(
         tool_call_id=req.tool_call_id,
         metadata=dict(req.request_metadata),
     )
-    for key, gate in config.confirmation_gates(req.agent_id):
+    key = _unasked_gate({g.key for g in gates}, call, config, hidden)
+    if key is None:
+        return None
+    return (
+        f"With these changes the call would also need the approval of the gate {key!r}, "
+        "which was not asked; approve it as asked, or reject it."
+    )
+
+
+def replay_refusal(req: ConfirmationRequest, call: HookContext, config: SignoffConfig) -> str | None:
+    """Why ``call`` (a replay of ``req``'s call with the approved arguments, in the context it
+    is replayed in: its user and metadata may not be the request's) cannot run as approved,
+    or None: a gate of the agent that was not asked catches it."""
+    key = _unasked_gate({g.key for g in gates_of(req)}, call, config, set())
+    if key is None:
+        return None
+    return (
+        f"the call as approved in request {req.id} would also need the approval of the gate "
+        f"{key!r}, which was not asked; send a new key to ask every gate again"
+    )
+
+
+def _unasked_gate(asked: set[str], call: HookContext, config: SignoffConfig, hidden: set[str]) -> str | None:
+    """The key of the first gate of the agent outside ``asked`` that catches ``call``."""
+    for key, gate in config.confirmation_gates(call.agent_id):
         if key not in asked and _reaches(gate, call, hidden):
-            return (
-                f"With these changes the call would also need the approval of the gate {key!r}, "
-                "which was not asked; approve it as asked, or reject it."
-            )
+            return key
     return None
 
 
 def _reaches(gate: ConfirmationGate, call: HookContext, hidden: set[str]) -> bool:
-    """Whether ``gate`` catches ``call``; a condition naming a redacted field catches it (the
-    value it would read is not known here)."""
+    """Whether ``gate`` catches ``call``; a condition naming a redacted field of the arguments
+    or the metadata catches it (the value it would read is not known here)."""
     try:
         if not gate.matches_tool(call.tool_name):
             return False

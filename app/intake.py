@@ -240,7 +240,12 @@ class Approvals:
         return None
 
     def _replay(
-        self, found: ConfirmationRequest, digest: str, key: str, arguments: Mapping[str, Any]
+        self,
+        found: ConfirmationRequest,
+        digest: str,
+        key: str,
+        arguments: Mapping[str, Any],
+        ctx: HookContext,
     ) -> HookResult:
         """The answer for gate ``key`` from the request already holding the call's key."""
         if found.call_digest != digest:
@@ -265,6 +270,12 @@ class Approvals:
             # Approved with changes: the call runs as approved.
             modified = edits.modified_arguments(found, arguments)
             if modified is not None:
+                # Earlier gates of the chain saw the call as proposed: every gate that was not
+                # asked is asked of the call as approved, in this replay's context.
+                if (
+                    why := edits.replay_refusal(found, ctx.with_arguments(modified), self._config)
+                ) is not None:
+                    return HookResult.deny(why, request_id=found.id)
                 self._edited = (dict(arguments), modified)
                 return replace(answer, modified_arguments=modified)
         return answer
@@ -364,12 +375,12 @@ class Approvals:
             if self._edited is not None and self._edited[1] == dict(ctx.arguments):
                 arguments = self._edited[0]
                 digest = call_digest(ctx.tool_name, arguments)
-            return self._replay(self.request, digest, key, arguments)
+            return self._replay(self.request, digest, key, arguments, ctx)
         # A grant stands in for its own gate only: the request asks every other gate.
         new = self._prepare(ctx, gate, [(k, g) for k, g in matched if k not in active])
         found = await self._intake.create_request(self._session, new)
         if found is not None:
-            return self._replay(found, digest, key, ctx.arguments)
+            return self._replay(found, digest, key, ctx.arguments, ctx)
         req = from_row(ConfirmationRequest, new.row)
         self.created = self.request = req
         where = ", ".join(dict.fromkeys(g.channel for _, g in matched))
