@@ -52,6 +52,19 @@ MAX_ESCALATIONS = 5
 """Escalation steps one gate may have."""
 
 
+def _field_names(value: tuple[str, ...], limit: int, what: str) -> tuple[str, ...]:
+    """``value`` if it is at most ``limit`` distinct argument field names, else why not."""
+    if len(value) > limit:
+        raise ValueError(f"at most {limit} {what}")
+    for name in value:
+        if not name.strip() or len(name) > MAX_FIELD_CHARS or "\x00" in name:
+            raise ValueError(f"{name!r} is not an argument field name (1 to {MAX_FIELD_CHARS} characters)")
+    repeated = sorted({n for n in value if value.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} named more than once")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class ReminderPoint:
     """When a gate reminds the approvers who have not voted: a share of its timeout
@@ -143,17 +156,7 @@ class GrantOffer(BaseModel):
     @field_validator("same")
     @classmethod
     def _check_same(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if len(value) > MAX_GRANT_FIELDS:
-            raise ValueError(f"at most {MAX_GRANT_FIELDS} fields")
-        for name in value:
-            if not name.strip() or len(name) > MAX_FIELD_CHARS or "\x00" in name:
-                raise ValueError(
-                    f"{name!r} is not an argument field name (1 to {MAX_FIELD_CHARS} characters)"
-                )
-        repeated = sorted({n for n in value if value.count(n) > 1})
-        if repeated:
-            raise ValueError(f"{', '.join(repeated)} named more than once")
-        return value
+        return _field_names(value, MAX_GRANT_FIELDS, "fields")
 
     @property
     def choice(self) -> GrantChoice:
@@ -201,17 +204,7 @@ class ConfirmationGate(ToolFilter):
     @field_validator("editable")
     @classmethod
     def _check_editable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if len(value) > MAX_EDIT_FIELDS:
-            raise ValueError(f"at most {MAX_EDIT_FIELDS} editable fields")
-        for name in value:
-            if not name.strip() or len(name) > MAX_FIELD_CHARS or "\x00" in name:
-                raise ValueError(
-                    f"{name!r} is not an argument field name (1 to {MAX_FIELD_CHARS} characters)"
-                )
-        repeated = sorted({n for n in value if value.count(n) > 1})
-        if repeated:
-            raise ValueError(f"{', '.join(repeated)} named more than once")
-        return value
+        return _field_names(value, MAX_EDIT_FIELDS, "editable fields")
 
     remind: tuple[Reminder, ...] = Field(default=(), max_length=MAX_REMINDERS)
     """When to remind the approvers who have not voted yet (``[50%, 90%]``, ``[10m]``)."""

@@ -224,24 +224,40 @@ class EditSubmission:
     problem: str | None = None
 
 
-def edit_from_view_submission(payload: Mapping[str, Any]) -> EditSubmission | None:
-    """The approval with changes submitted from the edit modal, or ``None`` if the view is
-    not that modal. Each input is read back as :func:`~signoff.channels.parse_edit_value`
-    reads it (a field that held text stays text); an empty input leaves its field as it was.
-    ``event_id`` names the view and what was submitted."""
+def _our_view(
+    payload: Mapping[str, Any], callback_id: str
+) -> tuple[Mapping[str, Any], str, Mapping[str, Any], str, Mapping[str, Any], str] | None:
+    """A submission of our modal ``callback_id``: the user, their id, the view, its id, its
+    private metadata and the request it names; ``None`` if it is not one."""
     user = _obj(payload, "user")
     user_id = _str(user, "id")
     view = _obj(payload, "view")
     view_id = _str(view, "id")
-    if user_id is None or view_id is None or view.get("callback_id") != EDIT_MODAL_CALLBACK_ID:
+    if user_id is None or view_id is None or view.get("callback_id") != callback_id:
         return None
     try:
         metadata = json.loads(_str(view, "private_metadata") or "")
     except ValueError:
         return None
-    request_id = _str(metadata, "request_id") if isinstance(metadata, Mapping) else None
-    fields = metadata.get("fields") if isinstance(metadata, Mapping) else None
-    if request_id is None or not isinstance(fields, list):
+    if not isinstance(metadata, Mapping):
+        return None
+    request_id = _str(metadata, "request_id")
+    if request_id is None:
+        return None
+    return user, user_id, view, view_id, metadata, request_id
+
+
+def edit_from_view_submission(payload: Mapping[str, Any]) -> EditSubmission | None:
+    """The approval with changes submitted from the edit modal, or ``None`` if the view is
+    not that modal. Each input is read back as :func:`~signoff.channels.parse_edit_value`
+    reads it (a field that held text stays text); an empty input leaves its field as it was.
+    ``event_id`` names the view and what was submitted."""
+    submitted = _our_view(payload, EDIT_MODAL_CALLBACK_ID)
+    if submitted is None:
+        return None
+    user, user_id, view, view_id, metadata, request_id = submitted
+    fields = metadata.get("fields")
+    if not isinstance(fields, list):
         return None
     values = _obj(_obj(view, "state"), "values")
     arguments: dict[str, Any] = {}
@@ -277,19 +293,10 @@ def click_from_view_submission(payload: Mapping[str, Any]) -> Click | None:
     A blank reason is ``None``. ``event_id`` names the view and the reason, so
     a resubmission after a validation error is a new event but a redelivery is not.
     """
-    user = _obj(payload, "user")
-    user_id = _str(user, "id")
-    view = _obj(payload, "view")
-    view_id = _str(view, "id")
-    if user_id is None or view_id is None or view.get("callback_id") != REJECT_MODAL_CALLBACK_ID:
+    submitted = _our_view(payload, REJECT_MODAL_CALLBACK_ID)
+    if submitted is None:
         return None
-    try:
-        metadata = json.loads(_str(view, "private_metadata") or "")
-    except ValueError:
-        return None
-    request_id = _str(metadata, "request_id") if isinstance(metadata, Mapping) else None
-    if request_id is None:
-        return None
+    user, user_id, view, view_id, metadata, request_id = submitted
     values = _obj(_obj(view, "state"), "values")
     raw_reason = _obj(_obj(values, REASON_BLOCK_ID), REASON_ACTION_ID).get("value")
     reason = raw_reason.strip() if isinstance(raw_reason, str) and raw_reason.strip() else None
