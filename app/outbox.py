@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -288,21 +289,26 @@ class Dispatcher:
         """Await one attempt at ``d`` and record how it went: ``sent`` (with the audit events
         ``along``), ``retry`` or ``failed``."""
         assert d.id is not None
+        started = time.monotonic()
         try:
             ref = await sending
         except RetryableDeliveryError as exc:
             if d.attempts + 1 >= max_attempts:
                 await self._give_up(d, exc, now)
                 return "failed"
+            # A provider's Retry-After counts from its answer, not from when the attempt began.
+            answered = now + timedelta(seconds=time.monotonic() - started)
             delay = backoff(d.attempts, exc.retry_after)
-            await self._retry(d.id, d.attempts, exc.reason, delay, now=now)
+            await self._retry(d.id, d.attempts, exc.reason, delay, now=answered)
             return "retry"
         except PermanentDeliveryError as exc:
             await self._give_up(d, exc, now)
             return "failed"
         except Exception as exc:  # an unexpected channel bug is treated as transient
             log.exception("%s %s raised", d.kind, d.channel)
-            await self._retry(d.id, d.attempts, f"{type(exc).__name__}: {exc}", backoff(d.attempts), now=now)
+            answered = now + timedelta(seconds=time.monotonic() - started)
+            error = f"{type(exc).__name__}: {exc}"
+            await self._retry(d.id, d.attempts, error, backoff(d.attempts), now=answered)
             return "retry"
         await self._finish(d.id, ref=ref, now=now, along=along)
         return "sent"
