@@ -24,12 +24,10 @@ from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant,
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
 from signoff.app.state_machine import get_request
 from signoff.app.votes import votes_for
-from signoff.channels import Verdict
 
 __all__ = [
     "RequestFilter",
     "admin_view",
-    "approvals_for",
     "audit_events",
     "audit_page",
     "config_view",
@@ -171,19 +169,6 @@ async def iter_requests(
         if len(rows) < batch:
             return
         last = (rows[-1].created_at, rows[-1].id)
-
-
-async def approvals_for(session: AsyncSession, request_ids: Iterable[str]) -> dict[str, int]:
-    """Approvals so far for each of ``request_ids`` (one query)."""
-    ids = list(request_ids)
-    if not ids:
-        return {}
-    rows = await session.exec(
-        select(col(Vote.request_id), sa.func.count())
-        .where(col(Vote.request_id).in_(ids), col(Vote.verdict) == Verdict.APPROVE.value)
-        .group_by(col(Vote.request_id))
-    )
-    return {str(rid): int(n) for rid, n in rows.all()}
 
 
 async def votes_by_request(session: AsyncSession, request_ids: Iterable[str]) -> dict[str, list[Vote]]:

@@ -7,7 +7,7 @@ applies them under the request's lock and moves the request through
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,7 +24,16 @@ from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.state_machine import expire, get_request, queue_updates, settle, transition
 from signoff.channels import GrantChoice, Verdict, changes_text, edit_problem
 
-__all__ = ["VoteResult", "cast_vote", "describe_decided", "refuse_vote", "votes_for"]
+__all__ = [
+    "GateApprovals",
+    "VoteResult",
+    "approvals_by_gate",
+    "cast_vote",
+    "describe_decided",
+    "per_gate",
+    "refuse_vote",
+    "votes_for",
+]
 
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
 _VOTE_KEY = ("request_id", "gate", "voter")
@@ -140,7 +149,10 @@ async def cast_vote(
 
     quorums = [g.quorum for g in gates]
     # One gate with a quorum of one: this vote is the approval (the request was pending, under lock).
-    approvals = [1] if quorums == [1] else await _approvals(session, request_id, len(gates))
+    if quorums == [1]:
+        approvals = [1]
+    else:
+        approvals = per_gate(await approvals_by_gate(session, [request_id]), request_id, len(gates))
     if all(a >= q for a, q in zip(approvals, quorums, strict=True)):
         won = await transition(
             session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
@@ -249,15 +261,26 @@ async def refuse_vote(
     return VoteResult(False, why, req)
 
 
-async def _approvals(session: AsyncSession, request_id: str, gates: int) -> list[int]:
-    """Approving votes per gate (index), for a request of ``gates`` gates."""
+GateApprovals = Mapping[tuple[str, int], int]
+"""Approving votes by (request id, gate index); a gate nobody approved yet is absent."""
+
+
+async def approvals_by_gate(session: AsyncSession, request_ids: Iterable[str]) -> GateApprovals:
+    """Approving votes on each gate of each of ``request_ids`` (one query, however many)."""
+    ids = list(dict.fromkeys(request_ids))
+    if not ids:
+        return {}
     rows = await session.exec(
-        select(col(Vote.gate), sa.func.count())
-        .where(col(Vote.request_id) == request_id, col(Vote.verdict) == Verdict.APPROVE.value)
-        .group_by(col(Vote.gate))
+        select(col(Vote.request_id), col(Vote.gate), sa.func.count())
+        .where(col(Vote.request_id).in_(ids), col(Vote.verdict) == Verdict.APPROVE.value)
+        .group_by(col(Vote.request_id), col(Vote.gate))
     )
-    counts = dict(rows.all())
-    return [int(counts.get(i, 0)) for i in range(gates)]
+    return {(str(rid), int(gate)): int(n) for rid, gate, n in rows.all()}
+
+
+def per_gate(approvals: GateApprovals, request_id: str, gates: int) -> list[int]:
+    """Approving votes per gate (index) of request ``request_id``, a request of ``gates`` gates."""
+    return [approvals.get((request_id, i), 0) for i in range(gates)]
 
 
 async def votes_for(session: AsyncSession, request_id: str) -> list[Vote]:

@@ -21,6 +21,7 @@ from signoff.app.console.format import compact_json, iso
 from signoff.app.console.pages import RequestRow, request_rows, row_of
 from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.app.queries import RequestFilter
+from signoff.app.votes import approvals_by_gate
 
 __all__ = [
     "CSV_COLUMNS",
@@ -188,8 +189,8 @@ async def _csv_rows(
     session: AsyncSession, config: SignoffConfig, batch: list[ConfirmationRequest]
 ) -> list[list[str]]:
     """The batch's CSV rows, leaving out a request stored in a form that cannot be shown."""
-    approvals, now = await queries.approvals_for(session, (r.id for r in batch)), utcnow()
-    return queries.readable(batch, lambda r: _csv_row(row_of(r, approvals.get(r.id, 0), config, now), r))
+    approvals, now = await approvals_by_gate(session, (r.id for r in batch)), utcnow()
+    return queries.readable(batch, lambda r: _csv_row(row_of(r, approvals, config, now), r))
 
 
 async def csv_lines(

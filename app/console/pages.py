@@ -23,12 +23,13 @@ from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.schemas import AuditVerifyOut
 from signoff.app.state_machine import EXPIRY, get_request
-from signoff.app.votes import votes_for
-from signoff.channels import ArgumentChange, GrantChoice, Verdict, edit_input
+from signoff.app.votes import GateApprovals, approvals_by_gate, per_gate, votes_for
+from signoff.channels import ArgumentChange, GrantChoice, edit_input
 
 __all__ = [
     "AuditView",
     "ConfigView",
+    "GateTally",
     "GateView",
     "QueueView",
     "RequestRow",
@@ -58,6 +59,15 @@ def _person(config: SignoffConfig, key: str | None) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class GateTally:
+    """How one of a request's gates stands: its approvals so far, of the ``quorum`` it needs."""
+
+    name: str
+    approvals: int
+    quorum: int
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRow:
     """One request as a line of the queue, the history or an export."""
 
@@ -67,9 +77,8 @@ class RequestRow:
     summary: str
     status: str
     requester: str | None
-    approvals: int
-    quorum: int
-    gate: str
+    gates: tuple[GateTally, ...]
+    """Every gate the call matched, in the order they run: each has to approve."""
     channel: str
     created_at: datetime
     expires_at: datetime
@@ -78,6 +87,28 @@ class RequestRow:
     reason: str | None
     time_left: str
     seconds_left: float
+
+    @property
+    def approvals(self) -> int:
+        """Approvals that count, over every gate (as the operator API counts them)."""
+        return sum(min(g.approvals, g.quorum) for g in self.gates)
+
+    @property
+    def quorum(self) -> int:
+        """Approvals needed, over every gate."""
+        return sum(g.quorum for g in self.gates)
+
+    @property
+    def gate(self) -> str:
+        """The gates' names."""
+        return " · ".join(g.name for g in self.gates)
+
+    @property
+    def progress(self) -> str:
+        """Approvals so far of those needed: ``1 / 2``, or per gate ``deploy 1/2 · finance 0/1``."""
+        if len(self.gates) == 1:
+            return f"{self.gates[0].approvals} / {self.gates[0].quorum}"
+        return " · ".join(f"{g.name or '—'} {g.approvals}/{g.quorum}" for g in self.gates)
 
 
 def _decided_by(req: ConfirmationRequest) -> str | None:
@@ -89,9 +120,13 @@ def _decided_by(req: ConfirmationRequest) -> str | None:
     return f"{who} via {req.decided_by_channel}"
 
 
-def row_of(req: ConfirmationRequest, approvals: int, config: SignoffConfig, now: datetime) -> RequestRow:
+def row_of(
+    req: ConfirmationRequest, approvals: GateApprovals, config: SignoffConfig, now: datetime
+) -> RequestRow:
+    """``approvals``: from :func:`signoff.app.votes.approvals_by_gate`, for ``req`` among others."""
     pending = req.status == Status.PENDING
-    first = gates_of(req)[0]
+    gates = gates_of(req)
+    counts = per_gate(approvals, req.id, len(gates))
     return RequestRow(
         id=req.id,
         agent=req.agent_id,
@@ -99,9 +134,7 @@ def row_of(req: ConfirmationRequest, approvals: int, config: SignoffConfig, now:
         summary=summarize(req.arguments),
         status=str(req.status),
         requester=_person(config, req.requester) or req.user_id,
-        approvals=approvals,
-        quorum=first.quorum,
-        gate=first.name,
+        gates=tuple(GateTally(g.name, n, g.quorum) for g, n in zip(gates, counts, strict=True)),
         channel=req.channel,
         created_at=req.created_at,
         expires_at=req.expires_at,
@@ -116,8 +149,8 @@ def row_of(req: ConfirmationRequest, approvals: int, config: SignoffConfig, now:
 async def request_rows(
     session: AsyncSession, config: SignoffConfig, reqs: Sequence[ConfirmationRequest], now: datetime
 ) -> list[RequestRow]:
-    approvals = await queries.approvals_for(session, (r.id for r in reqs))
-    return queries.readable(reqs, lambda r: row_of(r, approvals.get(r.id, 0), config, now))
+    approvals = await approvals_by_gate(session, (r.id for r in reqs))
+    return queries.readable(reqs, lambda r: row_of(r, approvals, config, now))
 
 
 def _version(*parts: object) -> str:
@@ -132,7 +165,7 @@ class QueueView:
     @property
     def version(self) -> str:
         """Changes when the queue does (the page's poll gets 204 until then)."""
-        return _version(self.total, [(r.id, r.approvals) for r in self.rows])
+        return _version(self.total, [(r.id, [g.approvals for g in r.gates]) for r in self.rows])
 
 
 async def queue_view(session: AsyncSession, config: SignoffConfig, now: datetime) -> QueueView:
@@ -145,12 +178,14 @@ async def queue_view(session: AsyncSession, config: SignoffConfig, now: datetime
 
 @dataclass(frozen=True, slots=True)
 class GateView:
-    """The gate that matched: as recorded with the request, plus its rule if still configured."""
+    """A gate that matched: as recorded with the request, plus its rule if still configured."""
 
     name: str
     channel: str
     channel_type: str
     approvers: list[str]
+    approvals: int
+    """Approvals so far on this gate."""
     quorum: int
     timeout: str
     allow_self_approval: bool
@@ -162,32 +197,34 @@ class GateView:
     current_version: str = ""
 
 
-def _gate_rule(config: SignoffConfig, agent: str, name: str) -> ConfirmationGate | None:
-    cfg = config.agents.get(agent)
-    for hook in cfg.hooks if cfg else ():
-        if isinstance(hook, ConfirmationGate) and hook.label == name:
-            return hook
-    return None
+def _gate_rule(config: SignoffConfig, agent: str, key: str) -> ConfirmationGate | None:
+    return next((gate for k, gate in config.confirmation_gates(agent) if k == key), None)
 
 
-def gate_of(req: ConfirmationRequest, config: SignoffConfig) -> GateView:
-    snap = gates_of(req)[0]
-    rule = _gate_rule(config, req.agent_id, snap.name)
-    channel = config.channels.get(req.channel)
-    return GateView(
-        name=snap.name,
-        channel=req.channel,
-        channel_type=channel.type if channel is not None else "?",
-        approvers=[_person(config, a) or a for a in snap.approvers],
-        quorum=snap.quorum,
-        timeout=duration(snap.timeout_seconds),
-        allow_self_approval=snap.allow_self_approval,
-        require_reject_reason=snap.require_reject_reason,
-        tools=rule.tools if rule else None,
-        when=rule.when if rule else None,
-        config_version=snap.config_version,
-        current_version=config.version,
-    )
+def gate_views(req: ConfirmationRequest, row: RequestRow, config: SignoffConfig) -> list[GateView]:
+    """Every gate of ``req``, in the order they run, with its approvals so far from ``row``."""
+    views = []
+    for snap, tally in zip(gates_of(req), row.gates, strict=True):
+        rule = _gate_rule(config, req.agent_id, snap.key or snap.name)
+        channel = config.channels.get(snap.channel)
+        views.append(
+            GateView(
+                name=snap.name,
+                channel=snap.channel,
+                channel_type=channel.type if channel is not None else "?",
+                approvers=[_person(config, a) or a for a in snap.approvers],
+                approvals=tally.approvals,
+                quorum=snap.quorum,
+                timeout=duration(snap.timeout_seconds),
+                allow_self_approval=snap.allow_self_approval,
+                require_reject_reason=snap.require_reject_reason,
+                tools=rule.tools if rule else None,
+                when=rule.when if rule else None,
+                config_version=snap.config_version,
+                current_version=config.version,
+            )
+        )
+    return views
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +246,8 @@ class EditableField:
 class RequestView:
     req: ConfirmationRequest
     row: RequestRow
-    gate: GateView
+    gates: list[GateView]
+    """Every gate the call matched, in the order they run: each has to approve."""
     votes: list[Vote]
     refused: list[AuditEvent]
     trail: list[AuditEvent]
@@ -231,6 +269,15 @@ class RequestView:
     def pending(self) -> bool:
         return self.req.status == Status.PENDING
 
+    def gate_name(self, index: int) -> str:
+        """The name of gate ``index`` (a vote's ``gate``)."""
+        return self.gates[index].name if 0 <= index < len(self.gates) else f"#{index}"
+
+    @property
+    def require_reject_reason(self) -> bool:
+        """A rejection rejects for every gate: it needs a reason when any of them asks for one."""
+        return any(g.require_reject_reason for g in self.gates)
+
     @property
     def version(self) -> str:
         return _version(
@@ -244,8 +291,9 @@ def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: 
     # The state machine's own rule, asked in advance.
     voter = operator_voter(person, config)
     requesters = (req.requester, req.user_id)
+    gates = gates_of(req)
     eligible, why = eligible_gates(
-        gates_of(req),
+        gates,
         requesters=requesters,
         voter=voter,
         config=config,
@@ -255,12 +303,19 @@ def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: 
     if why is not None and is_not_yet(why):
         return f"{why} Before then your vote would be refused."
     if why == NOT_AN_APPROVER:
-        return "You are not one of this gate's approvers: your vote would be refused."
+        if len(gates) == 1:
+            return "You are not one of this gate's approvers: your vote would be refused."
+        return "You are not an approver of any of this request's gates: your vote would be refused."
     if why == OWN_CALL:
         return "This call was made on your behalf: you cannot approve it."
     voted = {v.gate for v in votes if v.voter == voter.key}
     if eligible and voted.issuperset(eligible):
         return "You have already voted on this request."
+    if eligible and len(eligible) < len(gates):
+        mine = ", ".join(gates[i].name for i in eligible)
+        others = [g.name for i, g in enumerate(gates) if i not in eligible]
+        has = "has" if len(others) == 1 else "have"
+        return f"Your vote counts for {mine} only: {', '.join(others)} {has} to approve too."
     return None
 
 
@@ -274,7 +329,7 @@ async def request_view(
         return None
     votes = await votes_for(session, request_id)
     trail = await queries.request_trail(session, request_id)
-    approvals = sum(1 for v in votes if v.verdict == Verdict.APPROVE)
+    row = row_of(req, await approvals_by_gate(session, [request_id]), config, now)
     gates = gates_of(req)
     offers = [o for o in grants.offers_of(gates[0]) if all(o in grants.offers_of(g) for g in gates)]
     given = (
@@ -282,8 +337,8 @@ async def request_view(
     )
     return RequestView(
         req=req,
-        row=row_of(req, approvals, config, now),
-        gate=gate_of(req, config),
+        row=row,
+        gates=gate_views(req, row, config),
         votes=votes,
         refused=[e for e in trail if e.action == Action.VOTE_REFUSED],
         trail=trail,

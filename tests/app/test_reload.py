@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,17 @@ from signoff.app.settings import Settings
 from signoff.channels import Verdict
 from signoff.channels.fake import FakeChannel
 from tests.channels.fake_slack import APP_TOKEN, BOT_TOKEN, CHANNEL, FakeSlack
+from tests.channels.feishu_fake import (
+    MESSAGES_PATH,
+    WS_ENDPOINT_PATH,
+    FakeFeishu,
+    FakeLongConnection,
+    ack_data,
+    serve,
+)
+from tests.channels.feishu_support import CHAT, card_action
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server, free_port
+from tests.waiting import eventually
 
 BIG = {"invoice_id": "inv-1", "amount": 90_000}
 SIGNOFF = Path(sys.executable).with_name("signoff")
@@ -217,6 +228,102 @@ async def test_unchanged_channels_keep_their_connection_and_changed_ones_are_reb
     finally:
         await runtime.aclose()
         await slack.close()
+
+
+@pytest.fixture
+def fake_feishu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeFeishu]:
+    """A fake Feishu Open API on loopback (lark-oapi's requests would send loopback through a proxy)."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    fake = FakeFeishu()
+    with serve(fake):
+        yield fake
+
+
+async def test_a_feishu_long_connection_is_kept_or_rebuilt_and_clicks_still_decide(
+    db_url: str, tmp_path: Path, fake_feishu: FakeFeishu
+) -> None:
+    app_id = "cli_reload_long_connection"
+    fake_feishu.add_chat(CHAT)
+    fake_feishu.add_app(app_id, "app-secret", chats=(CHAT,))
+    fake_feishu.add_user("ou_alice", name="Alice", email="alice@example.com")
+    data = copy.deepcopy(DEFAULT_CONFIG)
+    data["people"]["alice"]["feishu"] = "ou_alice"
+    data["channels"]["lark"] = {
+        "type": "feishu",
+        "app_id": app_id,
+        "app_secret": "app-secret",
+        "chat_id": CHAT,
+        "base_url": fake_feishu.origin,
+        "mode": "websocket",
+    }
+    data["agents"]["finance-bot"]["hooks"].append(
+        {
+            "type": "confirmation_gate",
+            "name": "lark payments",
+            "tools": ["lark_*"],
+            "channel": "lark",
+            "approvers": ["alice"],
+        }
+    )
+    path = tmp_path / "signoff.yaml"
+    write(path, data)
+    settings = Settings(database_url=db_url, admin_token=ADMIN_TOKEN, config=path)
+    runtime = Runtime.create(settings, channels={"chat": FakeChannel("chat")})
+    try:
+        async with FakeLongConnection() as feishu_ws:
+            fake_feishu.ws_url = feishu_ws.url
+            async with (
+                Server(runtime, background=True) as server,
+                httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+            ):
+                agent = {"Authorization": f"Bearer {await key_for(runtime)}"}
+
+                async def ask(key: str) -> str:
+                    call = {"tool_name": "lark_pay", "arguments": {"to": "ACME"}, "idempotency_key": key}
+                    answer = (await http.post("/v1/hooks/pre-tool-use", json=call, headers=agent)).json()
+                    assert answer["decision"] == "pending", answer
+                    rid: str = answer["request_id"]
+                    return rid
+
+                async def click(rid: str) -> None:
+                    """Alice approves ``rid`` on its card, over the long connection."""
+                    pushed = await feishu_ws.push(
+                        json.dumps(card_action(rid, open_id="ou_alice", event_id=f"ev-{rid}")).encode()
+                    )
+                    assert pushed["code"] == 200
+                    assert ack_data(pushed)["toast"]["type"] == "success", ack_data(pushed)
+                    state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+                    assert (state["status"], state["decided_by"]["user_id"]) == ("approved", "ou_alice")
+
+                await asyncio.wait_for(feishu_ws.connected.wait(), 10)
+                first = runtime.channels["lark"]
+                before, after = await ask("before-reload"), await ask("after-reload")
+                await eventually(lambda: len(fake_feishu.calls("POST", MESSAGES_PATH)) == 2)
+
+                # Other settings change: the channel, and its connection, stay as they were.
+                write(path, with_refund_gate(data))
+                kept = await runtime.reload()
+                assert kept.ok
+                assert (kept.rebuilt, kept.closed) == ((), ())
+                assert runtime.channels["lark"] is first
+                await click(before)
+                assert (feishu_ws.connections, feishu_ws.closed) == (1, 0), "no reconnect"
+                assert len(fake_feishu.calls("POST", WS_ENDPOINT_PATH)) == 1
+
+                # The app secret is rotated: the old connection closes, a new one opens with it.
+                fake_feishu.apps[app_id] = "rotated-secret"
+                data["channels"]["lark"]["app_secret"] = "rotated-secret"
+                write(path, with_refund_gate(data))
+                rebuilt = await runtime.reload()
+                assert (rebuilt.rebuilt, rebuilt.closed) == (("lark",), ("lark",))
+                assert runtime.channels["lark"] is not first
+                await eventually(lambda: (feishu_ws.connections, feishu_ws.closed) == (2, 1))
+                endpoint = fake_feishu.calls("POST", WS_ENDPOINT_PATH)
+                assert [c.json["AppSecret"] for c in endpoint] == ["app-secret", "rotated-secret"]
+                await click(after)
+    finally:
+        await runtime.aclose()
 
 
 # --- a real `signoff serve`: SIGHUP and `signoff config reload` -----------------------------------

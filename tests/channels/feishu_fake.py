@@ -479,6 +479,9 @@ class FakeLongConnection:
         self.url = ""
         self.connected = asyncio.Event()
         self.connections = 0
+        """Connections opened so far."""
+        self.closed = 0
+        """Connections that have ended so far (either side closing)."""
         self.pings = 0
         self._socket: Any = None
         self._acks: asyncio.Queue[Any] = asyncio.Queue()
@@ -502,13 +505,16 @@ class FakeLongConnection:
         self._socket = socket
         self.connections += 1
         self.connected.set()
-        async for message in socket:
-            frame = Frame()
-            frame.ParseFromString(message)
-            if frame.method == 1:
-                await self._acks.put(frame)
-            else:
-                self.pings += 1
+        try:
+            async for message in socket:
+                frame = Frame()
+                frame.ParseFromString(message)
+                if frame.method == 1:
+                    await self._acks.put(frame)
+                else:
+                    self.pings += 1
+        finally:
+            self.closed += 1
 
     async def drop(self) -> None:
         """Close the current connection from the server side, as a Feishu restart would."""

@@ -58,13 +58,19 @@ def config(password_hashes: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("SIGNOFF_TEST_VAULT_PASSWORD", VAULT_SECRET)
     body: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
     body["channels"]["vault"] = {"type": "vaulted", "password": "${SIGNOFF_TEST_VAULT_PASSWORD}"}
-    body["operators"] = {
+    body["operators"] = operators(password_hashes)
+    return parse_config(body, source="console-test.yaml")
+
+
+def operators(password_hashes: dict[str, str]) -> dict[str, Any]:
+    """The console's operators: alice and carol-ops (as Carol) are people, bob and mallory
+    operator names (bob is also a person's web id)."""
+    return {
         "alice": {"password_hash": password_hashes["alice"], "person": "alice"},
         "bob": {"password_hash": password_hashes["bob"]},
         "carol-ops": {"password_hash": password_hashes["carol-ops"], "person": "carol"},
         "mallory": {"password_hash": password_hashes["mallory"]},
     }
-    return parse_config(body, source="console-test.yaml")
 
 
 @pytest.fixture
