@@ -6,7 +6,8 @@ One rule for every body and every field, applied before anything is written:
   values counts, so a gate could read one amount and the tool run with the other;
 - text may not hold NUL or lone surrogates: PostgreSQL cannot store NUL, and no UTF-8
   encoder (no database, no JSON response, no chat card) can carry a lone surrogate;
-- numbers are JSON numbers (no ``NaN`` or ``Infinity``, which PostgreSQL's json refuses).
+- numbers are JSON numbers (no ``NaN`` or ``Infinity``, which PostgreSQL's json refuses),
+  and none too large for a float (``1e400`` would be read as infinity).
 
 Rows stored before the rule are read leniently (:func:`read_json`), so one unreadable
 row never takes down a listing.
@@ -15,6 +16,7 @@ row never takes down a listing.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -45,6 +47,9 @@ UNREADABLE = "(unreadable)"
 
 # In stored JSON, NUL and surrogates can only be escapes (\u0000, \ud83d…).
 _ESCAPED = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+# Only a number with an exponent of three digits or more, or with 309 digits before its point,
+# can be too large for a float; a body holding neither needs no look for infinities.
+_HUGE_NUMBER = re.compile(rb"[eE]\+?\d{3}|\d{309}")
 
 
 class Refused(ValueError):
@@ -85,6 +90,20 @@ def unstorable_in(value: Any, where: str = "") -> str | None:
                     return f"a key in {at or 'the body'} holds {_describe(key)}, which cannot be stored"
                 stack.append((v, f"{at}.{key}" if at else key))
         elif isinstance(node, list | tuple):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(node))
+    return None
+
+
+def _infinite_at(value: Any) -> str | None:
+    """Where in ``value`` (parsed JSON) a number was read as infinity, or None."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, at = stack.pop()
+        if type(node) is float and not math.isfinite(node):
+            return at or "the body"
+        if type(node) is dict:
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in node.items())
+        elif type(node) is list:
             stack.extend((v, f"{at}[{i}]") for i, v in enumerate(node))
     return None
 
@@ -139,6 +158,10 @@ def parse_json(raw: bytes) -> Any:
         raise Refused(_why_not_json(raw, exc)) from None
     if b"\\u0000" in raw and (why := unstorable_in(value)) is not None:
         raise Refused(why)
+    if _HUGE_NUMBER.search(raw) and (where := _infinite_at(value)) is not None:
+        # The parser reads 1e400 as infinity: no JSON number, and what approvers would be
+        # shown (null) is not what the tool would be given.
+        raise Refused(f"{where} is a number too large to be stored (over 1.8e308); send it as text")
     if _may_repeat_keys(raw, _count_keys(value)):
         json.loads(raw, object_pairs_hook=_no_repeats)
     return value

@@ -4,7 +4,7 @@ A gated call becomes a pending :class:`ConfirmationRequest`, its ``created``
 audit event and, for a chat channel, the outbox's ``post`` delivery — all
 committed before the agent hears ``pending``. An idempotency key already used
 by the agent answers with the request that holds it instead (a replay), and
-never for a different call.
+never for a different call, nor for the same call on behalf of someone else.
 
 One call writes a request: :meth:`Intake.create_request`, as part of the call's
 unit of work. Calls that arrive together are written together (group commit):
@@ -32,7 +32,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit, edits, grants, webhooks
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
-from signoff.app.config import SignoffConfig
+from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.deliveries import owed_delivery, queue_deliveries
 from signoff.app.eligibility import EscalationStep, GateSnapshot, gates_of
@@ -254,6 +254,13 @@ class Approvals:
                 f"idempotency key {found.idempotency_key!r} was already used for a different call "
                 f"(request {found.id}); send a new key for a new call"
             )
+        if not _same_user(found.user_id, ctx.user_id, self._config):
+            # Its approvers decided a call made on someone else's behalf (and may not approve
+            # one made on their own).
+            return HookResult.deny(
+                f"idempotency key {found.idempotency_key!r} was already used for a call on behalf of "
+                f"another user (request {found.id}); send a new key for a new call"
+            )
         self.request = found
         if key not in {g.key for g in gates_of(found)}:
             # Its approval never asked this gate (the configuration changed since, or a grant
@@ -389,6 +396,15 @@ class Approvals:
             reason=f"waiting for approval in {where} (request {req.id})",
             request_id=req.id,
         )
+
+
+def _same_user(recorded: str | None, given: str | None, config: SignoffConfig) -> bool:
+    """Whether ``given`` (a replay's ``user_id``) names whoever ``recorded`` (the request's) did:
+    the same id in any spelling, or two ids of one person of the directory."""
+    if identity_key(recorded or "") == identity_key(given or ""):
+        return True
+    person = config.recognise(recorded)
+    return person is not None and person == config.recognise(given)
 
 
 def _matches(gate: ConfirmationGate, ctx: HookContext) -> bool:

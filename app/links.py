@@ -18,6 +18,7 @@ from typing import Literal
 
 from signoff.app import audit
 from signoff.app.audit import Action, Actor
+from signoff.app.bodies import without_unstorable
 from signoff.app.cards import build_card
 from signoff.app.config import identity_key
 from signoff.app.db import transaction
@@ -187,7 +188,8 @@ async def answer_link(
     opened = await _open(runtime, text, now)
     if isinstance(opened, LinkPage):
         return opened
-    reason = (reason or "").strip()
+    # No column can hold NUL or a lone surrogate; nobody means to type one (as in the console).
+    reason = without_unstorable(reason or "").strip()
     if len(reason) > MAX_REASON_CHARS:
         return _confirm(
             opened, text, error=f"A reason has at most {MAX_REASON_CHARS} characters.", reason=reason

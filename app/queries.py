@@ -21,6 +21,7 @@ from signoff.app.deliveries import WEBHOOK
 from signoff.app.eligibility import gates_of
 from signoff.app.grants import grants_by_request
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, OutboxStatus, Status, Vote
+from signoff.app.redaction import redact
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
 from signoff.app.state_machine import get_request
 from signoff.app.votes import votes_for
@@ -268,6 +269,14 @@ def masked_channels(config: SignoffConfig) -> dict[str, dict[str, Any]]:
     return {n: masked(cast(BaseModel, c).model_dump()) for n, c in config.channels.items()}
 
 
+def masked_webhooks(config: SignoffConfig) -> dict[str, dict[str, Any]]:
+    """Each webhook's settings as loaded, its secret masked and its URL redacted (a receiver
+    may take a token in its query: ``?token=…``)."""
+    return {
+        n: {**masked(w.model_dump()), "url": redact(w.url, config.redact)} for n, w in config.webhooks.items()
+    }
+
+
 def config_view(config: SignoffConfig) -> dict[str, Any]:
     """The configuration as loaded, secrets masked (operators' password hashes left out)."""
     return {
@@ -276,5 +285,5 @@ def config_view(config: SignoffConfig) -> dict[str, Any]:
         "people": {k: p.model_dump(exclude_none=True) for k, p in config.people.items()},
         "agents": {a: c.model_dump(mode="json") for a, c in config.agents.items()},
         "redact": sorted(config.redact),
-        "webhooks": {n: masked(w.model_dump()) for n, w in config.webhooks.items()},
+        "webhooks": masked_webhooks(config),
     }

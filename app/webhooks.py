@@ -16,6 +16,7 @@ changes a request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,8 @@ _ABOUT_GRANTS = (GRANT_CREATED, GRANT_REVOKED)
 MAX_RETRY_AFTER = 3600.0
 """Seconds at most that a receiver's ``Retry-After`` holds an event back."""
 USER_AGENT = "Signoff-Webhooks/1"
+MAX_ANSWER_BYTES = 4096
+"""How much of a receiver's answer is read (for the error it names); the rest is never read."""
 
 
 def owe(session: AsyncSession, event: str, ids: Sequence[str], *, now: datetime) -> None:
@@ -178,27 +181,45 @@ async def send(
 ) -> None:
     """POST one event, signed. Returns on a 2xx answer; raises :class:`RetryableDeliveryError` for
     a timeout, a connection error, 408, 429 or 5xx (with the receiver's ``Retry-After``), and
-    :class:`PermanentDeliveryError` for any other answer (redirects are not followed)."""
+    :class:`PermanentDeliveryError` for any other answer (redirects are not followed).
+
+    The whole exchange, not each read, is bounded by the webhook's ``timeout``, and no more than
+    :data:`MAX_ANSWER_BYTES` of the answer is read: a receiver that answers slowly, or without
+    end, holds the outbox no longer than that."""
     body = encode(payload)
     try:
-        response = await client.post(
-            hook.url,
-            content=body,
-            headers=signed_headers(hook, event_id, body, now),
-            timeout=hook.timeout,
-            follow_redirects=False,
-        )
-    except httpx.TimeoutException:
+        async with (
+            asyncio.timeout(hook.timeout),
+            client.stream(
+                "POST",
+                hook.url,
+                content=body,
+                headers=signed_headers(hook, event_id, body, now),
+                timeout=hook.timeout,
+                follow_redirects=False,
+            ) as response,
+        ):
+            status = response.status_code
+            if 200 <= status < 300:
+                return
+            said = " ".join((await _beginning(response))[:200].split())
+    except (httpx.TimeoutException, TimeoutError):
         raise RetryableDeliveryError(f"no answer within {hook.timeout:g}s") from None
     except httpx.HTTPError as exc:
         raise RetryableDeliveryError(f"network error: {type(exc).__name__}") from None
-    status = response.status_code
-    if 200 <= status < 300:
-        return
-    said = " ".join(response.text[:200].split())
     reason = f"HTTP {status}" + (f": {said}" if said else "")
     if status in (408, 429) or status >= 500:
         raise RetryableDeliveryError(reason, retry_after=retry_after(response.headers, now))
     if 300 <= status < 400:
         reason += " (redirects are not followed: configure the URL it points to)"
     raise PermanentDeliveryError(reason)
+
+
+async def _beginning(response: httpx.Response) -> str:
+    """The first :data:`MAX_ANSWER_BYTES` of ``response``'s body, as text."""
+    read = bytearray()
+    async for chunk in response.aiter_bytes():
+        read += chunk
+        if len(read) >= MAX_ANSWER_BYTES:
+            break
+    return bytes(read[:MAX_ANSWER_BYTES]).decode(response.encoding or "utf-8", errors="replace")

@@ -298,7 +298,12 @@ async def show_webhooks(
     return page(
         request,
         "webhooks.html",
-        {"who": who, "nav": "webhooks", "webhooks": runtime.config.webhooks, "failed": failed},
+        {
+            "who": who,
+            "nav": "webhooks",
+            "webhooks": queries.masked_webhooks(runtime.config),
+            "failed": failed,
+        },
     )
 
 

@@ -17,13 +17,14 @@ from tests.conftest import free_port
 from tests.console.conftest import Console
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+URL_TOKEN = "tok-in-the-url-5f3a9c1e"
 
 
 @pytest.fixture
 def config(config: SignoffConfig) -> SignoffConfig:
     """The console's test configuration with a webhook nobody listens on, tried once."""
     nowhere = WebhookConfig(
-        url=f"http://127.0.0.1:{free_port()}/in",
+        url=f"http://127.0.0.1:{free_port()}/in?token={URL_TOKEN}",
         secret=SECRET,  # type: ignore[arg-type]
         events=("request.created",),
         max_attempts=1,
@@ -63,3 +64,10 @@ async def test_no_failures_say_so(console: Console) -> None:
     assert (await console.sign_in("alice")).status_code == 303
     page = await console.get("/ui/webhooks")
     assert "No failed deliveries." in page.text
+
+
+async def test_a_token_in_a_webhook_url_is_not_shown(console: Console) -> None:
+    assert (await console.sign_in("alice")).status_code == 303
+    page = await console.get("/ui/webhooks")
+    assert "/in?token=[redacted]" in page.text
+    assert URL_TOKEN not in page.text
