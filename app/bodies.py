@@ -47,9 +47,11 @@ UNREADABLE = "(unreadable)"
 
 # In stored JSON, NUL and surrogates can only be escapes (\u0000, \ud83d…).
 _ESCAPED = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
-# Only a number with an exponent of three digits or more, or with 309 digits before its point,
-# can be too large for a float; a body holding neither needs no look for infinities.
-_HUGE_NUMBER = re.compile(rb"[eE]\+?\d{3}|\d{309}")
+# A number too large for a float (1.8e308 or more) has an exponent of three digits, or else
+# (an exponent of at most 99) 210 digits or more before its point; a body holding neither
+# needs no look for infinities. A JSON number starts the body or follows ``:``, ``[`` or
+# ``,``, so text such as an IBAN's "DE021…" is no reason to look.
+_HUGE_NUMBER = re.compile(rb"(?:^|[:\[,])\s*-?\d+(?:\.\d+)?[eE]\+?\d{3}|\d{210}")
 
 
 class Refused(ValueError):

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from signoff.app.bodies import Refused, parse_json, read_json, storable
@@ -110,3 +110,48 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _strings(v)]
     return []
+
+
+@st.composite
+def number_literals(draw: st.DrawFn) -> str:
+    """JSON number literals around the largest float: long mantissas, big and small exponents."""
+    sign = draw(st.sampled_from(["", "-"]))
+    digits = draw(st.integers(0, 330))
+    rest = draw(st.text("0123456789", min_size=digits, max_size=digits))
+    whole = draw(st.sampled_from(["0", *"123456789"])) + rest
+    if whole.startswith("0"):
+        whole = "0"
+    decimals = st.text("0123456789", min_size=1, max_size=20).map(lambda d: "." + d)
+    fraction = draw(st.one_of(st.just(""), decimals))
+    exponent = draw(
+        st.one_of(
+            st.just(""),
+            st.builds(
+                "{}{}{}".format,
+                st.sampled_from(["e", "E"]),
+                st.sampled_from(["", "+", "-"]),
+                st.integers(0, 420).map(str) | st.integers(0, 420).map("0{}".format),
+            ),
+        )
+    )
+    return f"{sign}{whole}{fraction}{exponent}"
+
+
+@settings(max_examples=1500, deadline=None)
+@given(number_literals(), st.sampled_from(['{{"amount": {}}}', '{{"a": [1, {}]}}', '{{"a":{{"b":{}}}}}']))
+@example("1" + "0" * 250 + "e60", '{{"amount": {}}}')  # a two-digit exponent on a long mantissa
+@example("9" * 309 + ".5", '{{"amount": {}}}')
+@example("1.8e308", '{{"amount": {}}}')
+@example("1.7976931348623157e308", '{{"amount": {}}}')  # the largest float: held
+def test_a_number_is_refused_exactly_when_no_float_can_hold_it(literal: str, shape: str) -> None:
+    body = shape.format(literal).encode()
+    too_large = ("." in literal or "e" in literal.lower()) and float(literal) in (float("inf"), float("-inf"))
+    if too_large:
+        with pytest.raises(Refused, match="too large"):
+            parse_json(body)
+    else:
+        parse_json(body)
+
+
+def test_text_that_only_looks_like_an_exponent_is_no_number() -> None:
+    assert parse_json(b'{"iban": "DE02120300000000202051", "note": "x 1e400"}')["note"] == "x 1e400"
