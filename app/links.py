@@ -73,6 +73,9 @@ class _Opened:
     recipient: str
 
 
+_LINKS_OFF = LinkPage(404, "Links are off", "refused", "This server does not answer email links.")
+
+
 def _refused(reason: str, status_code: int) -> LinkPage:
     return LinkPage(status_code, "Link not valid", "refused", _REFUSED_TEXT.get(reason, _REFUSED_DEFAULT))
 
@@ -81,7 +84,7 @@ async def _open(runtime: Runtime, text: str, now: datetime) -> _Opened | LinkPag
     """Verify ``text`` and read the request as it stands; never writes."""
     signer = runtime.links
     if signer is None:
-        return LinkPage(404, "Links are off", "refused", "This server does not answer email links.")
+        return _LINKS_OFF
     try:
         token = signer.verify(text, now=now)
     except CallbackRejected as exc:
@@ -169,7 +172,7 @@ async def answer_link(
     """What ``POST /approve/{text}`` does: vote as the link's recipient, with its choice."""
     signer = runtime.links
     if signer is None:
-        return LinkPage(404, "Links are off", "refused", "This server does not answer email links.")
+        return _LINKS_OFF
     try:
         token = signer.verify(text, now=now)
     except CallbackRejected as exc:

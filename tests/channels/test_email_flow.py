@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -432,13 +431,9 @@ async def test_a_server_without_email_links_answers_none(http: httpx.AsyncClient
 async def test_a_link_page_works_in_a_browser(
     mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
 ) -> None:
-    from tests.console.test_console_browser import CHROMIUM, CHROMIUM_ARGS, Problems
+    from tests.console.test_console_browser import CHROMIUM, CHROMIUM_ARGS, Problems, need_chromium
 
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    need_chromium()
     server, http = mail_server
     rid = (await pre(http, agent_key, WIRE))["request_id"]
     reject = links(await mail_to(smtp, CAROL, rid))["Reject"]

@@ -34,13 +34,18 @@ CHROMIUM_ARGS = [
 SCREENSHOTS = os.environ.get("SIGNOFF_CONSOLE_SCREENSHOTS")
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+def need_chromium() -> None:
+    """Skip without Debian's chromium on a developer's machine; in CI (``CI`` set) fail instead."""
     if not CHROMIUM.exists():
         message = f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    need_chromium()
     async with async_playwright() as p:
         b = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
