@@ -8,6 +8,7 @@ names the cause and the fix, with a non-zero exit; ``SIGNOFF_DEBUG=1`` adds the 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -190,8 +191,14 @@ def serve(
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
             migrate(settings.database_url)
+    application = create_app(settings=settings)
+    # What start-up made (modules, schemas, compiled queries) lives as long as the process:
+    # kept out of the collector's passes, a full collection walks only what serving made
+    # (about twice as fast, and no pause of a tenth of a second under load).
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
-        create_app(settings=settings),
+        application,
         host=host or settings.host,
         port=port or settings.port,
         log_config=None,  # keep the logging configured above

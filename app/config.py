@@ -241,9 +241,9 @@ class _File(BaseModel):
     version: Literal[1] = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SignoffConfig:
-    """A validated configuration."""
+    """A validated configuration (equal only to itself: what it derives is kept with it)."""
 
     channels: Mapping[str, ChannelConfig] = field(default_factory=dict)
     people: Mapping[str, Person] = field(default_factory=dict)

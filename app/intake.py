@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -64,6 +65,8 @@ class NewRequest:
     requests are shown and decided in Signoff itself."""
     later: tuple[dict[str, Any], ...] = ()
     """The outbox rows due later: the gates' reminders and escalations, earliest first."""
+    gates: tuple[GateSnapshot, ...] = ()
+    """The row's ``gates``, typed."""
 
     @property
     def id(self) -> str:
@@ -225,6 +228,8 @@ class Approvals:
         self._now = now
         self.created: ConfirmationRequest | None = None
         self.request: ConfirmationRequest | None = None
+        self.gates: list[GateSnapshot] = []
+        """The gates of ``request``, typed (read once)."""
         self._grants: dict[str, Grant] | None = None
         self.granted: dict[str, Grant] = {}
         """The grants that let this call through their gates, by gate key, in the order used."""
@@ -261,8 +266,9 @@ class Approvals:
                 f"idempotency key {found.idempotency_key!r} was already used for a call on behalf of "
                 f"another user (request {found.id}); send a new key for a new call"
             )
-        self.request = found
-        if key not in {g.key for g in gates_of(found)}:
+        if self.request is not found:
+            self.request, self.gates = found, gates_of(found)
+        if key not in {g.key for g in self.gates}:
             # Its approval never asked this gate (the configuration changed since, or a grant
             # that stood in for it has ended).
             return HookResult.deny(
@@ -325,8 +331,9 @@ class Approvals:
         matched = matched or self._matching(ctx, gate)
         now = self._now or utcnow()
         words = config.redact_words(ctx.agent_id)
-        snapshots = [_snapshot(key, gate, ctx.arguments, config) for key, gate in matched]
-        gates = [s.stored() for s in snapshots]
+        recorded = [_recorded(key, gate, ctx.arguments, config) for key, gate in matched]
+        snapshots = [snapshot for snapshot, _ in recorded]
+        gates = [stored for _, stored in recorded]
         first = matched[0][1]
         row: dict[str, Any] = {
             "id": uuid.uuid4().hex,
@@ -360,7 +367,11 @@ class Approvals:
         channels = dict.fromkeys(gate.channel for _, gate in matched)
         later = _later(row["id"], now, row["expires_at"], [g for _, g in matched], snapshots, config)
         return NewRequest(
-            row, detail, cards=tuple(ch for ch in channels if not config.is_web(ch)), later=later
+            row,
+            detail,
+            cards=tuple(ch for ch in channels if not config.is_web(ch)),
+            later=later,
+            gates=tuple(snapshots),
         )
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
@@ -390,6 +401,7 @@ class Approvals:
             return self._replay(found, digest, key, ctx.arguments, ctx)
         req = from_row(ConfirmationRequest, new.row)
         self.created = self.request = req
+        self.gates = list(new.gates)
         where = ", ".join(dict.fromkeys(g.channel for _, g in matched))
         return HookResult(
             decision=Decision.PENDING,
@@ -437,12 +449,32 @@ def _later(
     return tuple(row for due, row in rows if due < expires_at)
 
 
-def _snapshot(
+_Recorded = tuple[ConfirmationGate, GateSnapshot, dict[str, object]]
+_RECORDED: weakref.WeakKeyDictionary[SignoffConfig, dict[str, _Recorded]] = weakref.WeakKeyDictionary()
+"""Per configuration, by gate key: each gate as requests record it but for the call's argument
+digests (made once; a configuration never changes, a reload makes a new one)."""
+
+
+def _recorded(
     key: str, gate: ConfirmationGate, arguments: Mapping[str, Any], config: SignoffConfig
-) -> GateSnapshot:
-    """The gate as the request records it (with the grants it offers, the digests of the
-    argument values they may hold equal, its escalations earliest first and the names of
-    everyone it may ask)."""
+) -> tuple[GateSnapshot, dict[str, object]]:
+    """The gate as a request for a call with ``arguments`` records it: typed, and as stored."""
+    made = _RECORDED.setdefault(config, {})
+    entry = made.get(key)
+    if entry is None or entry[0] is not gate:
+        snapshot = _snapshot(key, gate, config)
+        entry = made[key] = (gate, snapshot, snapshot.stored())
+    _, snapshot, stored = entry
+    digests = grants.argument_digests(gate, arguments)
+    if not digests:
+        return snapshot, dict(stored)
+    return snapshot.model_copy(update={"argument_digests": digests}), {**stored, "argument_digests": digests}
+
+
+def _snapshot(key: str, gate: ConfirmationGate, config: SignoffConfig) -> GateSnapshot:
+    """The gate as requests record it (with the grants it offers, its escalations earliest
+    first, the names of everyone it may ask and the configuration's version), but for the
+    call's argument digests."""
     steps = sorted(gate.escalate, key=lambda e: e.after)
     everyone = [*gate.approvers, *(a for e in steps for a in e.approvers)]
     return GateSnapshot(
@@ -457,12 +489,12 @@ def _snapshot(
         approval_valid_for_seconds=gate.approval_valid_for.total_seconds(),
         grants=tuple(offer.choice for offer in gate.grants),
         editable=gate.editable,
-        argument_digests=grants.argument_digests(gate, arguments),
         escalations=tuple(
             EscalationStep(after_seconds=e.after.total_seconds(), channel=e.channel, approvers=e.approvers)
             for e in steps
         ),
         names={a: config.display_name(a) for a in everyone},
+        config_version=config.version,
     )
 
 

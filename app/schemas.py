@@ -284,14 +284,16 @@ class RequestOut(BaseModel):
         grants: Sequence[Grant] = (),
         *,
         now: datetime | None = None,
+        gates: Sequence[GateSnapshot] = (),
     ) -> RequestOut:
+        """``r`` as the API shows it; ``gates``: its gates, typed, when the caller has them."""
         decided_by = (
             Decider(channel=r.decided_by_channel, user_id=r.decided_by_user_id, name=r.decided_by_name)
             if r.decided_by_channel
             else None
         )
-        snapshots = gates_of(r)
-        gates = [_gate_out(i, g, votes, snapshots) for i, g in enumerate(snapshots)]
+        snapshots = list(gates) or gates_of(r)
+        shown = [_gate_out(i, g, votes, snapshots) for i, g in enumerate(snapshots)]
         return cls(
             id=r.id,
             agent_id=r.agent_id,
@@ -307,11 +309,11 @@ class RequestOut(BaseModel):
             session_id=r.session_id,
             tool_call_id=r.tool_call_id,
             channel=r.channel,
-            gate=gates[0].name,
-            quorum=sum(g.quorum for g in gates),
-            approvals=sum(min(g.approvals, g.quorum) for g in gates),
+            gate=shown[0].name,
+            quorum=sum(g.quorum for g in shown),
+            approvals=sum(min(g.approvals, g.quorum) for g in shown),
             votes=[VoteOut.of(v, snapshots) for v in votes],
-            gates=gates,
+            gates=shown,
             config_version=snapshots[0].config_version,
             executed_at=r.executed_at,
             approval_valid_until=r.decided_at + valid_for(r)

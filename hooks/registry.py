@@ -53,7 +53,8 @@ async def _guarded(name: str, call: Callable[[], Awaitable[HookResult]], timeout
     :class:`ServiceUnavailable` is let through: the call is to be retried, not denied.
     """
     try:
-        result = await asyncio.wait_for(call(), timeout)
+        async with asyncio.timeout(timeout):  # in this task: no task of its own per hook
+            result = await call()
     except TimeoutError:
         return HookResult.deny(f"hook {name!r} did not answer within {timeout:g}s")
     except ServiceUnavailable:

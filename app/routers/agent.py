@@ -31,7 +31,6 @@ from signoff.app.deps import (
     get_runtime,
     get_session,
 )
-from signoff.app.eligibility import gates_of
 from signoff.app.hook_services import ServerHookServices
 from signoff.app.intake import Approvals
 from signoff.app.metrics import GATE_CALLS
@@ -247,7 +246,7 @@ async def run_pre_tool_use(
     if made is not None and result.request_id == made.id:
         # A request made by this call has no votes yet.
         votes = [] if made is services.approvals.created else await votes_for(session, made.id)
-        request = RequestOut.of(made, votes)
+        request = RequestOut.of(made, votes, gates=services.approvals.gates)
     return DecisionOut(
         decision=result.decision.value,
         reason=result.reason,
@@ -338,8 +337,8 @@ async def _run_hooks(
         result = replace(late, modified_arguments=result.modified_arguments)
     if point == "pre_tool_use":
         result = await services.conclude(ctx, result)
-    made = services.approvals.request
-    gate_name = gates_of(made)[0].name if made is not None else ""
+    made = services.approvals
+    gate_name = made.gates[0].name if made.gates else ""
     _gate_calls(point, agent, gate_name, result.decision.value).inc()
     return result, services
 
