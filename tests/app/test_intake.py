@@ -8,20 +8,24 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import hypothesis
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlmodel import col, func, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import intake
+from signoff.app import grants, intake
 from signoff.app.audit import Actor, verify_chain
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import parse_config
 from signoff.app.db import transaction
+from signoff.app.eligibility import gates_of
 from signoff.app.hook_services import ServerHookServices
 from signoff.app.intake import Approvals, NewRequest
 from signoff.app.keys import create_key
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, from_row
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
@@ -285,3 +289,41 @@ async def test_a_hook_that_times_out_is_named_by_its_label(
         assert await _count(runtime, ConfirmationRequest) == 0
     finally:
         await runtime.aclose()
+
+
+def _granting(quorum: int = 1) -> dict[str, Any]:
+    raw: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    gate = raw["agents"]["finance-bot"]["hooks"][0]
+    gate["quorum"] = quorum
+    gate["grants"] = [{"scope": "session", "for": "1h", "same": ["to"]}]
+    return raw
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=8), st.integers(), st.none()), min_size=1, max_size=6))
+def test_each_request_records_its_own_call_and_the_gate_as_configured(targets: list[Any]) -> None:
+    """What a gate records is made once per configuration, but each request keeps the digests
+    of its own call, as stored and as typed; no request's record changes another's, and a new
+    configuration records its own gate."""
+    config = parse_config(_granting(), source="grants.yaml")
+    (_, gate), *_ = config.confirmation_gates("finance-bot")
+    approvals = Approvals(None, config)  # type: ignore[arg-type]  # _prepare touches no database
+    made = []
+    for to in targets:
+        ctx = HookContext(
+            agent_id="finance-bot", tool_name="pay_invoice", arguments={"amount": 90_000, "to": to}
+        )
+        new = approvals._prepare(ctx, gate)
+        made.append((to, copy.deepcopy(new.row["gates"]), new))
+    for to, stored_then, new in made:
+        digests = grants.argument_digests(gate, {"amount": 90_000, "to": to})
+        assert new.row["gates"] == stored_then  # untouched by the calls after it
+        assert stored_then[0]["argument_digests"] == digests
+        assert new.gates[0].argument_digests == digests
+        assert list(new.gates) == gates_of(from_row(ConfirmationRequest, new.row))
+    again = parse_config(_granting(quorum=2), source="grants.yaml")
+    (_, regated), *_ = again.confirmation_gates("finance-bot")
+    ctx = HookContext(agent_id="finance-bot", tool_name="pay_invoice", arguments={"amount": 90_000, "to": 1})
+    new = Approvals(None, again)._prepare(ctx, regated)  # type: ignore[arg-type]
+    assert new.row["gates"][0]["quorum"] == new.gates[0].quorum == 2
+    assert new.gates[0].config_version == again.version != config.version
