@@ -337,8 +337,8 @@ async def _run_hooks(
         result = replace(late, modified_arguments=result.modified_arguments)
     if point == "pre_tool_use":
         result = await services.conclude(ctx, result)
-    made = services.approvals
-    gate_name = made.gates[0].name if made.gates else ""
+    gates = services.approvals.gates
+    gate_name = gates[0].name if gates else ""
     _gate_calls(point, agent, gate_name, result.decision.value).inc()
     return result, services
 
