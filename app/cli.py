@@ -22,17 +22,17 @@ from sqlalchemy.engine import make_url
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import grants
 from signoff.app.audit import Actor, BrokenLink, verify_chain
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import create_engine, migrate, sessionmaker, transaction
-from signoff.app.eligibility import gates_of
 from signoff.app.keys import create_key, revoke_keys
 from signoff.app.models import AgentKey, ConfirmationRequest, Grant, Status, utcnow
 from signoff.app.operators import decide, resolve_grant
+from signoff.app.requests import grants
+from signoff.app.requests.eligibility import gates_of
+from signoff.app.requests.states import get_request
 from signoff.app.settings import Settings
-from signoff.app.state_machine import get_request
 from signoff.channels import Verdict, edit_problem, parse_edit_value
 
 app = typer.Typer(

@@ -3,7 +3,7 @@
 ``GET /approve/{token}`` only reads: mail scanners and link previews open every link in
 a message, so opening one must never decide anything. ``POST`` from the page it shows
 (the form carries the token back; no cookie is involved) votes as the link's recipient
-through :class:`signoff.app.clicks.ClickService`, the path every channel's clicks take:
+through :class:`signoff.app.requests.clicks.ClickService`, the path every channel's clicks take:
 eligibility, quorum, grants, audit and card updates are the same code. A token is refused
 when its signature or expiry fails; its vote is refused once the recipient has voted, once
 the request is decided, and for anyone the gate does not list.
@@ -19,15 +19,15 @@ from typing import Literal
 from signoff.app import audit
 from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
-from signoff.app.cards import build_card
 from signoff.app.config import identity_key
 from signoff.app.db import transaction
-from signoff.app.eligibility import Voter, gates_of
 from signoff.app.metrics import CALLBACK_REJECTIONS, reason_label
 from signoff.app.models import Status
+from signoff.app.requests.cards import build_card
+from signoff.app.requests.eligibility import Voter, gates_of
+from signoff.app.requests.states import get_request
+from signoff.app.requests.votes import describe_decided, votes_for
 from signoff.app.runtime import Runtime
-from signoff.app.state_machine import get_request
-from signoff.app.votes import describe_decided, votes_for
 from signoff.channels import MAX_REASON_CHARS, CallbackRejected, Card, Click, Verdict
 from signoff.channels.email import LinkToken
 

@@ -25,10 +25,10 @@ from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transact
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
 from signoff.app.replicas import REPORT_SECONDS
+from signoff.app.requests.states import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.routers import admin, agent, approve, callbacks, ops
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
-from signoff.app.state_machine import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.waiters import listen_for_decisions
 from signoff.hooks import ServiceUnavailable
 

@@ -8,10 +8,10 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.config import SignoffConfig
-from signoff.app.eligibility import Voter, gates_of
-from signoff.app.grants import resolve_choice
-from signoff.app.state_machine import get_request
-from signoff.app.votes import VoteResult, cast_vote
+from signoff.app.requests.eligibility import Voter, gates_of
+from signoff.app.requests.grants import resolve_choice
+from signoff.app.requests.states import get_request
+from signoff.app.requests.votes import VoteResult, cast_vote
 from signoff.channels import GrantChoice, Verdict
 
 __all__ = ["decide", "operator_voter", "resolve_grant"]

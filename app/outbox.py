@@ -33,11 +33,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
-from signoff.app.cards import build_card, escalated_to, waiting_on
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
 from signoff.app.deliveries import WEBHOOK
-from signoff.app.eligibility import gates_of
 from signoff.app.metrics import DELIVERIES, WEBHOOK_DELIVERIES
 from signoff.app.models import (
     CARD_KINDS,
@@ -49,8 +47,10 @@ from signoff.app.models import (
     Vote,
     utcnow,
 )
-from signoff.app.state_machine import get_request, transition
-from signoff.app.votes import votes_for
+from signoff.app.requests.cards import build_card, escalated_to, waiting_on
+from signoff.app.requests.eligibility import gates_of
+from signoff.app.requests.states import get_request, transition
+from signoff.app.requests.votes import votes_for
 from signoff.channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
 
 __all__ = ["Dispatcher", "backoff"]

@@ -18,13 +18,13 @@ from sqlmodel.sql.expression import SelectOfScalar
 from signoff.app.audit import verify_chain
 from signoff.app.config import SignoffConfig
 from signoff.app.deliveries import WEBHOOK
-from signoff.app.eligibility import gates_of
-from signoff.app.grants import grants_by_request
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, OutboxStatus, Status, Vote
 from signoff.app.redaction import redact
+from signoff.app.requests.eligibility import gates_of
+from signoff.app.requests.grants import grants_by_request
+from signoff.app.requests.states import get_request
+from signoff.app.requests.votes import votes_for
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
-from signoff.app.state_machine import get_request
-from signoff.app.votes import votes_for
 
 __all__ = [
     "RequestFilter",

@@ -16,12 +16,12 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit, metrics, replicas
 from signoff.app.channel_types import build_channel, needs_links
-from signoff.app.clicks import ClickService
 from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import Wakeups, create_engine, is_sqlite, sessionmaker, transaction
-from signoff.app.intake import Intake
 from signoff.app.keys import AgentKeys
 from signoff.app.models import ConfirmationRequest, utcnow
+from signoff.app.requests.clicks import ClickService
+from signoff.app.requests.intake import Intake
 from signoff.app.settings import Settings
 from signoff.app.waiters import Hub
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel

@@ -10,10 +10,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
-from signoff.app.edits import argument_changes, editable_fields, executed_as_approved
-from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, Status, Vote, utcnow
-from signoff.app.single_use import valid_for
+from signoff.app.requests.edits import argument_changes, editable_fields, executed_as_approved
+from signoff.app.requests.eligibility import GateSnapshot, gates_of
+from signoff.app.requests.single_use import valid_for
 from signoff.channels import ABSENT, MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem
 from signoff.channels._contract import MAX_GRANT_FIELDS
 

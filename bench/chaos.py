@@ -612,7 +612,7 @@ async def settle(url: str, timeout: float) -> dict[str, Any]:
 
 
 async def verify(procs: Processes, report: Report, url: str, plans: list[Plan]) -> None:
-    from signoff.app.eligibility import gates_of
+    from signoff.app.requests.eligibility import gates_of
 
     # The last server started runs on (not killed) until everything has settled.
     snap = await settle(url, timeout=LEASE_SECONDS + SHORT_TIMEOUT_SECONDS + 40)

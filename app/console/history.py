@@ -21,7 +21,7 @@ from signoff.app.console.format import compact_json, iso
 from signoff.app.console.pages import RequestRow, request_rows, row_of
 from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.app.queries import RequestFilter
-from signoff.app.votes import approvals_by_gate
+from signoff.app.requests.votes import approvals_by_gate
 
 __all__ = [
     "CSV_COLUMNS",

@@ -11,19 +11,20 @@ from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import edits, grants, queries
+from signoff.app import queries
 from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import duration, summarize, time_left
-from signoff.app.eligibility import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of, is_not_yet
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote, utcnow
 from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
+from signoff.app.requests import edits, grants
+from signoff.app.requests.eligibility import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of, is_not_yet
+from signoff.app.requests.states import EXPIRY, get_request
+from signoff.app.requests.votes import GateApprovals, approvals_by_gate, per_gate, votes_for
 from signoff.app.schemas import AuditVerifyOut
-from signoff.app.state_machine import EXPIRY, get_request
-from signoff.app.votes import GateApprovals, approvals_by_gate, per_gate, votes_for
 from signoff.channels import ArgumentChange, GrantChoice, edit_input
 
 __all__ = [
@@ -123,7 +124,7 @@ def _decided_by(req: ConfirmationRequest) -> str | None:
 def row_of(
     req: ConfirmationRequest, approvals: GateApprovals, config: SignoffConfig, now: datetime
 ) -> RequestRow:
-    """``approvals``: from :func:`signoff.app.votes.approvals_by_gate`, for ``req`` among others."""
+    """``approvals``: from :func:`signoff.app.requests.votes.approvals_by_gate`, for ``req`` among others."""
     pending = req.status == Status.PENDING
     gates = gates_of(req)
     counts = per_gate(approvals, req.id, len(gates))

@@ -11,7 +11,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
-from signoff.app import grants, queries
+from signoff.app import queries
 from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
 from signoff.app.console import auth, pages
@@ -22,6 +22,7 @@ from signoff.app.console.render import page, secured
 from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep
 from signoff.app.models import Status, utcnow
 from signoff.app.replicas import live_replicas
+from signoff.app.requests import grants
 from signoff.app.switches import list_switches, set_switch
 from signoff.channels import MAX_REASON_CHARS
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import grants, queries, switches
+from signoff.app import queries, switches
 from signoff.app.audit import Actor
 from signoff.app.bodies import StrictJSONRoute, storable
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
@@ -17,6 +17,7 @@ from signoff.app.models import Status, utcnow
 from signoff.app.operators import decide, resolve_grant
 from signoff.app.queries import RequestFilter
 from signoff.app.replicas import live_replicas
+from signoff.app.requests import grants
 from signoff.app.schemas import (
     AdminRequestOut,
     AuditEventOut,

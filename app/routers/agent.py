@@ -31,11 +31,14 @@ from signoff.app.deps import (
     get_runtime,
     get_session,
 )
-from signoff.app.hook_services import ServerHookServices
-from signoff.app.intake import Approvals
 from signoff.app.metrics import GATE_CALLS
 from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.queries import request_out
+from signoff.app.requests.gate import ServerHookServices
+from signoff.app.requests.intake import Approvals
+from signoff.app.requests.single_use import record_executed
+from signoff.app.requests.states import TERMINAL, get_request, transition
+from signoff.app.requests.votes import votes_for
 from signoff.app.runtime import Runtime
 from signoff.app.schemas import (
     DecisionOut,
@@ -49,9 +52,6 @@ from signoff.app.schemas import (
     ToolCallIn,
     Unprocessable,
 )
-from signoff.app.single_use import record_executed
-from signoff.app.state_machine import TERMINAL, get_request, transition
-from signoff.app.votes import votes_for
 from signoff.hooks import Decision, HookContext, HookRegistry, HookResult
 
 router = APIRouter(prefix="/v1", tags=["agent"], route_class=StrictJSONRoute)

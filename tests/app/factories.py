@@ -12,8 +12,8 @@ from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
-from signoff.app.intake import Approvals
 from signoff.app.models import ConfirmationRequest, Delivery, Status, utcnow
+from signoff.app.requests.intake import Approvals
 from signoff.hooks import HookContext
 
 

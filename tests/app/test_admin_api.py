@@ -18,9 +18,9 @@ from signoff.app.audit import Actor
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
 from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.db import transaction
-from signoff.app.intake import Approvals
 from signoff.app.keys import create_key
 from signoff.app.models import AuditEvent, utcnow
+from signoff.app.requests.intake import Approvals
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel

@@ -11,8 +11,8 @@ import pytest
 from sqlmodel import col, select
 
 from signoff.app.config import SignoffConfig, parse_config
-from signoff.app.hook_services import ServerHookServices
 from signoff.app.models import AuditEvent
+from signoff.app.requests.gate import ServerHookServices
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel

@@ -12,8 +12,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app.audit import Actor
 from signoff.app.db import on_commit, transaction
 from signoff.app.models import ConfirmationRequest, Status
+from signoff.app.requests.states import transition
 from signoff.app.runtime import Runtime
-from signoff.app.state_machine import transition
 from tests.app.factories import make_request
 
 

@@ -1,4 +1,4 @@
-"""The rules an approver's changes must pass (:mod:`signoff.app.edits`), as properties: whatever
+"""The rules an approver's changes must pass (:mod:`signoff.app.requests.edits`), as properties: whatever
 is tried, a field the gates do not list, a redacted field, an oversized or non-JSON value, or a
 change that would carry the call past a stricter gate is refused."""
 
@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from signoff.app.config import SignoffConfig, parse_config
-from signoff.app.edits import changed_fields, edit_refusal
-from signoff.app.eligibility import GateSnapshot
 from signoff.app.models import ConfirmationRequest, Status, from_row, utcnow
+from signoff.app.requests.edits import changed_fields, edit_refusal
+from signoff.app.requests.eligibility import GateSnapshot
 from signoff.channels import (
     MAX_EDIT_BYTES,
     MAX_EDIT_VALUE_BYTES,

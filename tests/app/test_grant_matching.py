@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from signoff.app.builtin_hooks._names import tool_key
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import parse_config
-from signoff.app.grants import covers, field_digest, meet
 from signoff.app.models import Grant, utcnow
+from signoff.app.requests.grants import covers, field_digest, meet
 from signoff.channels import GrantChoice
 from signoff.hooks import HookContext
 from tests.conftest import DEFAULT_CONFIG

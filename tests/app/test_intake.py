@@ -16,16 +16,16 @@ from hypothesis import strategies as st
 from sqlmodel import col, func, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import grants, intake
 from signoff.app.audit import Actor, verify_chain
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import parse_config
 from signoff.app.db import transaction
-from signoff.app.eligibility import gates_of
-from signoff.app.hook_services import ServerHookServices
-from signoff.app.intake import Approvals, NewRequest
 from signoff.app.keys import create_key
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, from_row
+from signoff.app.requests import grants, intake
+from signoff.app.requests.eligibility import gates_of
+from signoff.app.requests.gate import ServerHookServices
+from signoff.app.requests.intake import Approvals, NewRequest
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel

@@ -9,12 +9,12 @@ from sqlmodel import col, select
 
 from signoff.app.audit import Actor
 from signoff.app.db import transaction
-from signoff.app.eligibility import Voter
 from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
 from signoff.app.outbox import Dispatcher, backoff
+from signoff.app.requests.eligibility import Voter
+from signoff.app.requests.states import get_request, transition
+from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
-from signoff.app.state_machine import get_request, transition
-from signoff.app.votes import cast_vote
 from signoff.channels import PermanentDeliveryError, RetryableDeliveryError, Verdict
 from signoff.channels.fake import FakeChannel
 from tests.app.factories import make_request

@@ -10,11 +10,11 @@ from sqlmodel import col, select
 
 from signoff.app.audit import Actor
 from signoff.app.db import transaction
-from signoff.app.eligibility import Voter
 from signoff.app.models import AuditEvent, ConfirmationRequest, Status, utcnow
+from signoff.app.requests.eligibility import Voter
+from signoff.app.requests.states import expire_overdue, transition
+from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
-from signoff.app.state_machine import expire_overdue, transition
-from signoff.app.votes import cast_vote
 from signoff.channels import Verdict
 from tests.app.factories import make_request
 

@@ -15,7 +15,9 @@ from sqlmodel import col, select
 
 from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.db import transaction
-from signoff.app.eligibility import (
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, OutboxStatus, Status
+from signoff.app.outbox import Dispatcher
+from signoff.app.requests.eligibility import (
     NOT_AN_APPROVER,
     EscalationStep,
     GateSnapshot,
@@ -23,12 +25,10 @@ from signoff.app.eligibility import (
     eligible_gates,
     is_not_yet,
 )
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, OutboxStatus, Status
-from signoff.app.outbox import Dispatcher
+from signoff.app.requests.states import decision_for, expire_overdue, get_request
+from signoff.app.requests.votes import VoteResult, cast_vote
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
-from signoff.app.state_machine import decision_for, expire_overdue, get_request
-from signoff.app.votes import VoteResult, cast_vote
 from signoff.channels import Verdict
 from signoff.channels.fake import FakeChannel
 from tests.app.factories import make_request

@@ -11,11 +11,11 @@ from sqlmodel import col, select
 from signoff.app import audit
 from signoff.app.audit import Actor, verify_chain
 from signoff.app.db import transaction
-from signoff.app.eligibility import Voter
 from signoff.app.models import AuditEvent, Delivery, Status
+from signoff.app.requests.eligibility import Voter
+from signoff.app.requests.states import ALLOWED_TRANSITIONS, TERMINAL, get_request, transition
+from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
-from signoff.app.state_machine import ALLOWED_TRANSITIONS, TERMINAL, get_request, transition
-from signoff.app.votes import cast_vote
 from signoff.channels import Verdict
 from tests.app.factories import make_request, make_row
 

@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from signoff.app.config import ConfigError, SignoffConfig, identity_key, parse_config
-from signoff.app.eligibility import (
+from signoff.app.requests.eligibility import (
     NOT_AN_APPROVER,
     NOT_HERE,
     OWN_CALL,

@@ -29,14 +29,14 @@ from signoff.app.audit import Actor
 from signoff.app.config import ConfigError, SignoffConfig, WebhookConfig, parse_config
 from signoff.app.db import transaction
 from signoff.app.deliveries import WEBHOOK
-from signoff.app.eligibility import Voter
 from signoff.app.metrics import WEBHOOK_DELIVERIES
 from signoff.app.models import Delivery, OutboxStatus, Status, utcnow
 from signoff.app.outbox import Dispatcher
 from signoff.app.queries import config_view
+from signoff.app.requests.eligibility import Voter
+from signoff.app.requests.states import expire_overdue, get_request, transition
+from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
-from signoff.app.state_machine import expire_overdue, get_request, transition
-from signoff.app.votes import cast_vote
 from signoff.channels import GrantChoice, Verdict
 from tests.app.factories import make_request
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server, free_port

@@ -15,8 +15,8 @@ import pytest
 from sqlmodel import col, select
 
 from signoff.app.config import parse_config
-from signoff.app.eligibility import NOT_HERE
 from signoff.app.models import AuditEvent
+from signoff.app.requests.eligibility import NOT_HERE
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.slack import ACTION_APPROVE

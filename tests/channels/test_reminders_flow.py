@@ -17,13 +17,13 @@ from sqlmodel import col, select
 
 from signoff.app.config import parse_config
 from signoff.app.db import transaction
-from signoff.app.eligibility import Voter
 from signoff.app.models import Delivery, OutboxStatus, utcnow
 from signoff.app.outbox import Dispatcher
+from signoff.app.requests.eligibility import Voter
+from signoff.app.requests.states import get_request
+from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
-from signoff.app.state_machine import get_request
-from signoff.app.votes import cast_vote
 from signoff.channels import Card, Person, Verdict
 from signoff.channels.slack import ACTION_APPROVE
 from tests.app.factories import make_request

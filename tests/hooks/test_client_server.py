@@ -286,7 +286,7 @@ async def expire_all(runtime: Runtime) -> None:
     from datetime import timedelta
 
     from signoff.app.models import utcnow
-    from signoff.app.state_machine import expire_overdue
+    from signoff.app.requests.states import expire_overdue
 
     async with transaction(runtime.sessions) as session:
         assert await expire_overdue(session, now=utcnow() + timedelta(hours=1))

@@ -706,7 +706,7 @@ async def test_an_expired_call_says_nobody_decided_not_that_it_was_denied(
 
     from signoff.app.db import transaction
     from signoff.app.models import utcnow
-    from signoff.app.state_machine import expire_overdue
+    from signoff.app.requests.states import expire_overdue
 
     async with (
         proxied(tmp_path, server.url, agent_key, "--hold", "20") as client,

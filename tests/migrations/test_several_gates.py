@@ -20,9 +20,9 @@ from sqlalchemy.engine import make_url
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
 from signoff.app.db import create_engine, migrate, transaction
-from signoff.app.intake import call_digest
 from signoff.app.keys import create_key
 from signoff.app.models import utcnow
+from signoff.app.requests.intake import call_digest
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from tests.conftest import ADMIN_TOKEN, PG_URL, Server, _drop_pg_database, _ensure_pg_database

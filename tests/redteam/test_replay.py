@@ -16,8 +16,8 @@ from sqlmodel import col, select
 
 from signoff.app.db import transaction
 from signoff.app.models import AuditEvent, ConfirmationRequest, utcnow
+from signoff.app.requests.single_use import valid_for
 from signoff.app.runtime import Runtime
-from signoff.app.single_use import valid_for
 from tests.conftest import ADMIN_TOKEN
 
 PRE = "/v1/hooks/pre-tool-use"

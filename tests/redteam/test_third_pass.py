@@ -26,12 +26,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from sqlmodel import col, func, select
 
-from signoff.app import grants
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.db import transaction
 from signoff.app.models import ConfirmationRequest, Delivery, Grant, OutboxStatus, Vote
 from signoff.app.outbox import Dispatcher
+from signoff.app.requests import grants
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels import Verdict

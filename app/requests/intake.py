@@ -30,17 +30,18 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, edits, grants, webhooks
+from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.deliveries import owed_delivery, queue_deliveries
-from signoff.app.eligibility import EscalationStep, GateSnapshot, gates_of
 from signoff.app.models import ConfirmationRequest, Grant, Status, from_row, utcnow
 from signoff.app.redaction import redact
-from signoff.app.single_use import spent
-from signoff.app.state_machine import DECIDED_COLUMNS, decision_for
+from signoff.app.requests import edits, grants
+from signoff.app.requests.eligibility import EscalationStep, GateSnapshot, gates_of
+from signoff.app.requests.single_use import spent
+from signoff.app.requests.states import DECIDED_COLUMNS, decision_for
 from signoff.hooks import Decision, HookContext, HookResult
 
 __all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
@@ -207,7 +208,7 @@ class Approvals:
 
     A gate with an active grant covering the call lets it on at once (the grant is recorded
     in ``granted``; its use is counted once every hook has allowed the call, see
-    :meth:`signoff.app.hook_services.ServerHookServices.conclude`). Otherwise one request asks
+    :meth:`signoff.app.requests.gate.ServerHookServices.conclude`). Otherwise one request asks
     every matching gate without such a grant. Its request is written by ``intake`` as part of the
     call's unit of work ``session``; grants are looked up in ``reads`` (default: ``session``).
     """

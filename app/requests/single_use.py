@@ -21,10 +21,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Action, Actor
-from signoff.app.edits import same_call
-from signoff.app.eligibility import gates_of
 from signoff.app.metrics import EXECUTED_MISMATCHES
 from signoff.app.models import ConfirmationRequest, Status, utcnow
+from signoff.app.requests.edits import same_call
+from signoff.app.requests.eligibility import gates_of
 from signoff.channels._contract import duration_text
 
 __all__ = ["DEFAULT_VALID_FOR", "record_executed", "spent", "valid_for"]

@@ -13,12 +13,13 @@ from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, grants
+from signoff.app import audit
 from signoff.app.audit import Action, Actor
 from signoff.app.db import UNAVAILABLE
-from signoff.app.intake import Approvals
 from signoff.app.models import RateBucket, utcnow
 from signoff.app.redaction import redact
+from signoff.app.requests import grants
+from signoff.app.requests.intake import Approvals
 from signoff.app.switches import is_switch_on
 from signoff.hooks import Decision, HookContext, HookResult, ServiceUnavailable
 

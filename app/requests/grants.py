@@ -44,8 +44,8 @@ from signoff.app.audit import Action, Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row
-from signoff.app.eligibility import GateSnapshot, Voter, gates_of, is_requester
 from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
+from signoff.app.requests.eligibility import GateSnapshot, Voter, gates_of, is_requester
 from signoff.channels import GrantChoice, Verdict
 from signoff.channels._contract import duration_text
 from signoff.hooks import HookContext

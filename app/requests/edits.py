@@ -35,9 +35,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
-from signoff.app.eligibility import GateSnapshot, gates_of
 from signoff.app.models import ConfirmationRequest
 from signoff.app.redaction import REDACTED, redactor
+from signoff.app.requests.eligibility import GateSnapshot, gates_of
 from signoff.channels import ABSENT, ArgumentChange, GrantChoice, edit_problem
 from signoff.hooks import HookContext
 

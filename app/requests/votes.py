@@ -1,8 +1,8 @@
 """Casting votes: one vote recorded per gate it counts for, and the transition it causes.
 
-Who may vote on which gate is :mod:`signoff.app.eligibility` (pure rules); this module
+Who may vote on which gate is :mod:`signoff.app.requests.eligibility` (pure rules); this module
 applies them under the request's lock and moves the request through
-:mod:`signoff.app.state_machine`.
+:mod:`signoff.app.requests.states`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, edits, grants
+from signoff.app import audit
 from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row, insert_unless_taken
-from signoff.app.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
-from signoff.app.state_machine import expire, get_request, queue_updates, settle, transition
+from signoff.app.requests import edits, grants
+from signoff.app.requests.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
+from signoff.app.requests.states import expire, get_request, queue_updates, settle, transition
 from signoff.channels import GrantChoice, Verdict, changes_text, edit_problem
 
 __all__ = [
@@ -75,7 +76,7 @@ async def cast_vote(
 
     ``grant``: an approval that gives this grant instead of approving the one call; every
     gate the vote counts for must offer it. ``arguments``: an approval with these argument
-    fields changed (see :mod:`signoff.app.edits`). Refusals (not an approver, the
+    fields changed (see :mod:`signoff.app.requests.edits`). Refusals (not an approver, the
     requester, already decided, a second vote, a grant not offered, a change the gates do
     not allow) change nothing but the audit log, and say why.
     """

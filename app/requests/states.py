@@ -6,7 +6,7 @@ racing writers (two approvers, a double click, the expiry sweep, a cancel) get
 exactly one winner; the audit event and the card updates it causes are written
 in the same transaction. Nothing here commits: the caller owns the transaction.
 
-Votes (:mod:`signoff.app.votes`) and cards (:mod:`signoff.app.cards`) build on it.
+Votes (:mod:`signoff.app.requests.votes`) and cards (:mod:`signoff.app.requests.cards`) build on it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.db import dialect_of, wake_after_commit
 from signoff.app.deliveries import owed_delivery, queue_deliveries  # also offered from here
-from signoff.app.edits import approved_changes
-from signoff.app.eligibility import asked, gates_of
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import (
     ConfirmationRequest,
@@ -37,6 +35,8 @@ from signoff.app.models import (
     from_row,
     utcnow,
 )
+from signoff.app.requests.edits import approved_changes
+from signoff.app.requests.eligibility import asked, gates_of
 from signoff.channels._contract import duration_text
 from signoff.hooks import Decision, HookResult
 from signoff.hooks._gate import describe_request

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 
 from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig, identity_key
-from signoff.app.edits import argument_changes, editable_fields
-from signoff.app.eligibility import GateSnapshot, card_gates, gates_of
-from signoff.app.grants import given, meet, offers_of
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
+from signoff.app.requests.edits import argument_changes, editable_fields
+from signoff.app.requests.eligibility import GateSnapshot, card_gates, gates_of
+from signoff.app.requests.grants import given, meet, offers_of
 from signoff.channels import Card, GateProgress, GrantChoice, Person, Verdict
 
 __all__ = ["build_card", "escalated_to", "waiting_on"]

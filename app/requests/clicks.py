@@ -12,14 +12,21 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app.cards import build_card
 from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
-from signoff.app.eligibility import NOT_HERE, GateSnapshot, Voter, card_gates, eligible_gates, gates_of
 from signoff.app.models import CARD_KINDS, ConfirmationRequest, Delivery, Status, Vote, utcnow
-from signoff.app.state_machine import get_request
-from signoff.app.votes import VoteResult, cast_vote, refuse_vote, votes_for
+from signoff.app.requests.cards import build_card
+from signoff.app.requests.eligibility import (
+    NOT_HERE,
+    GateSnapshot,
+    Voter,
+    card_gates,
+    eligible_gates,
+    gates_of,
+)
+from signoff.app.requests.states import get_request
+from signoff.app.requests.votes import VoteResult, cast_vote, refuse_vote, votes_for
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]

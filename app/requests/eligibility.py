@@ -4,7 +4,7 @@ Every gate a call matched must approve it (a request's ``gates``); each gate's c
 to that gate's channel, and a vote counts for the gate(s) of the card it came from that
 the voter may approve (:func:`eligible_gates`).
 
-The state machine (:func:`signoff.app.votes.cast_vote`) applies them under the
+The state machine (:func:`signoff.app.requests.votes.cast_vote`) applies them under the
 request's lock; the console asks the same functions for its hints. Nothing here reads
 the database.
 
@@ -13,7 +13,7 @@ in any spelling (:func:`signoff.app.config.identity_key`). Recognition is used b
 ways, and never to the voter's advantage:
 
 - a click counts only from the **channel** its card was posted to (the channel's
-  conversation is checked by :class:`signoff.app.clicks.ClickService`); operators,
+  conversation is checked by :class:`signoff.app.requests.clicks.ClickService`); operators,
   authenticated, decide wherever the card went;
 - a gate's **escalations** widen it once their time has come (by the server's clock at
   the vote, from the request's creation): their channel's card counts, and their
