@@ -35,7 +35,7 @@ from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
 from signoff.app.builtin_hooks.result_truncate import ResultTruncate
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelConfig, identity_of
 from signoff.app.redaction import Redactor
-from signoff.channels._contract import duration_text
+from signoff.channels import duration_text
 
 HookConfig = ConfirmationGate | ReadOnlyGuard | RateLimit | ResultTruncate | AuditLog | ContextInject
 """Every hook type an agent's ``hooks`` list may hold, told apart by ``type``."""

@@ -14,8 +14,7 @@ from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, Status, V
 from signoff.app.requests.edits import argument_changes, editable_fields, executed_as_approved
 from signoff.app.requests.eligibility import GateSnapshot, gates_of
 from signoff.app.requests.single_use import valid_for
-from signoff.channels import ABSENT, MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem
-from signoff.channels._contract import MAX_GRANT_FIELDS
+from signoff.channels import ABSENT, MAX_GRANT_FIELDS, MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Reload

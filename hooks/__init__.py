@@ -20,9 +20,11 @@ if TYPE_CHECKING:
         ServiceUnavailable,
         SessionStartHook,
     )
-    from signoff.hooks.registry import HookRegistry
+    from signoff.hooks._gate import describe_request
+    from signoff.hooks.registry import DEFAULT_HOOK_TIMEOUT, HookRegistry
 
 __all__ = [
+    "DEFAULT_HOOK_TIMEOUT",
     "Decision",
     "HookContext",
     "HookRegistry",
@@ -32,9 +34,14 @@ __all__ = [
     "PreToolUseHook",
     "ServiceUnavailable",
     "SessionStartHook",
+    "describe_request",
 ]
 
-_HOMES = dict.fromkeys(__all__, "signoff.hooks._contract") | {"HookRegistry": "signoff.hooks.registry"}
+_HOMES = dict.fromkeys(__all__, "signoff.hooks._contract") | {
+    "DEFAULT_HOOK_TIMEOUT": "signoff.hooks.registry",
+    "HookRegistry": "signoff.hooks.registry",
+    "describe_request": "signoff.hooks._gate",
+}
 
 
 def __getattr__(name: str) -> Any:

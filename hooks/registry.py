@@ -83,14 +83,17 @@ class HookRegistry:
         self.session_start = sorted(self.session_start, key=lambda h: h.priority)
 
     async def run_pre_tool_use(self, ctx: HookContext) -> HookResult:
-        """Run matching PreToolUse hooks until one denies or asks a human.
+        """Run every matching PreToolUse hook, in order, until one denies.
 
+        The call is denied if any hook denies, else pending if any asks a human, else allowed:
+        an allow never ends the chain, nor does a pending answer (a later hook may still deny).
         Rewritten arguments pass on to later hooks and are returned in
-        ``modified_arguments``. A hook that raises, times out or returns
-        anything but a :class:`HookResult` denies the call.
+        ``modified_arguments``. A hook that raises, times out or returns anything but a
+        :class:`HookResult` denies the call.
         """
         rewritten = False
         approved: HookResult | None = None  # a human's earlier approval, named in the answer
+        pending: HookResult | None = None
         for hook in self.pre_tool_use:
             name = _label(hook)
             try:
@@ -100,21 +103,26 @@ class HookRegistry:
             if not applies:
                 continue
             result = await _guarded(name, partial(hook.before_tool_use, ctx), _time_limit(hook, self.timeout))
-            if result.modified_arguments is not None and result.decision is Decision.ALLOW:
-                ctx = ctx.with_arguments(result.modified_arguments)
-                rewritten = True
-            if result.decision is Decision.ALLOW and result.request_id is not None:
-                approved = result
-            if result.decision is not Decision.ALLOW:
+            if result.decision is Decision.DENY:
                 return HookResult(
                     decision=result.decision,
                     reason=result.reason,
                     request_id=result.request_id,
                     modified_arguments=ctx.arguments if rewritten else None,
                 )
+            if result.decision is Decision.PENDING:
+                pending = pending or result
+                continue
+            if result.modified_arguments is not None:
+                ctx = ctx.with_arguments(result.modified_arguments)
+                rewritten = True
+            if result.request_id is not None:
+                approved = result
+        answer = pending or approved
         return HookResult(
-            reason=approved.reason if approved else None,
-            request_id=approved.request_id if approved else None,
+            decision=pending.decision if pending else Decision.ALLOW,
+            reason=answer.reason if answer else None,
+            request_id=answer.request_id if answer else None,
             modified_arguments=ctx.arguments if rewritten else None,
         )
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from signoff.app.builtin_hooks._names import glob_patterns, tool_key
-from signoff.hooks._contract import HookContext
+from signoff.hooks import HookContext
 
 __all__ = ["MAX_HOOK_TIMEOUT", "HookEntry", "ToolFilter", "parse_duration", "result_text"]
 

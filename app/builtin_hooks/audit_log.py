@@ -8,7 +8,7 @@ from pydantic import Field
 
 from signoff.app.audit import Action
 from signoff.app.builtin_hooks._filter import ToolFilter, result_text
-from signoff.hooks._contract import HookContext, HookResult
+from signoff.hooks import HookContext, HookResult
 
 __all__ = ["AuditLog"]
 

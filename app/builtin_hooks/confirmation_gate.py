@@ -28,9 +28,8 @@ from pydantic import (
 )
 
 from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
-from signoff.channels import GrantChoice
-from signoff.channels._contract import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS, duration_text
-from signoff.hooks._contract import HookContext, HookResult
+from signoff.channels import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS, GrantChoice, duration_text
+from signoff.hooks import HookContext, HookResult
 
 __all__ = [
     "MAX_ESCALATIONS",

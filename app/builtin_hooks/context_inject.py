@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from signoff.app.builtin_hooks._filter import HookEntry
-from signoff.hooks._contract import HookContext, HookResult
+from signoff.hooks import HookContext, HookResult
 
 __all__ = ["ContextInject"]
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
-from signoff.hooks._contract import HookContext, HookResult
+from signoff.hooks import HookContext, HookResult
 
 __all__ = ["RateLimit"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from signoff.app.builtin_hooks._filter import ToolFilter
-from signoff.hooks._contract import HookContext, HookResult
+from signoff.hooks import HookContext, HookResult
 
 __all__ = ["ReadOnlyGuard"]
 

@@ -10,8 +10,8 @@ only when every one of these holds, else it is refused and nothing changes:
 - every gate of the request lists each changed field as ``editable``;
 - no changed field is redacted: not under a key holding a redact word, not a value shown
   redacted, and the new value is no secret (what is approved is stored and shown as given);
-- a grant given with the approval holds none of the changed fields the same (its digests are
-  of the proposed values);
+- no grant is given with the approval: changed arguments are approved once (a grant's
+  ``same`` fields hold the proposed values, so it could let the call run as proposed);
 - the changed call is reached by no gate of the agent that was not asked: every gate is
   evaluated again on the changed arguments, and a condition that reads a redacted field (of
   the arguments or the metadata), or cannot be evaluated, counts as reaching it (fail closed).
@@ -25,7 +25,6 @@ caught by a gate that was not asked (:func:`replay_refusal`): then it is denied.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.models import ConfirmationRequest
 from signoff.app.redaction import REDACTED, redactor
+from signoff.app.requests.canonical import canonical, same
 from signoff.app.requests.eligibility import GateSnapshot, gates_of
 from signoff.channels import ABSENT, ArgumentChange, GrantChoice, edit_problem
 from signoff.hooks import HookContext
@@ -57,14 +57,6 @@ __all__ = [
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def _same(a: Any, b: Any) -> bool:
-    return _canonical(a) == _canonical(b)
-
-
 def editable_fields(gates: Sequence[GateSnapshot]) -> tuple[str, ...]:
     """The fields an approval of every one of ``gates`` may change: those each of them lists."""
     if not gates:
@@ -77,12 +69,12 @@ def changed_fields(proposed: Mapping[str, Any], given: Mapping[str, Any]) -> dic
     return {
         name: value
         for name, value in given.items()
-        if name not in proposed or not _same(proposed[name], value)
+        if name not in proposed or not same(proposed[name], value)
     }
 
 
 def _shows_redacted(value: Any) -> bool:
-    return REDACTED in _canonical(value)
+    return REDACTED in canonical(value)
 
 
 def edit_refusal(
@@ -113,13 +105,13 @@ def edit_refusal(
     for name, value in changes.items():
         if secrets.secret_key(name) or (name in req.arguments and _shows_redacted(req.arguments[name])):
             return f"{name} is redacted, so it cannot be changed."
-        if not _same(secrets.value(value), value):
+        if not same(secrets.value(value), value):
             return f"The new value of {name} looks like a secret; secrets cannot be typed into an approval."
-    if grant is not None and (held := sorted(set(grant.same) & set(changes))):
+    if grant is not None and changes:
+        # A grant's `same` fields hold the proposed values: it would let the call run as proposed.
         return (
-            f"A grant that holds {', '.join(held)} the same cannot be given with a change to "
-            f"{'it' if len(held) == 1 else 'them'}; approve once with the change, "
-            "or give the grant without it."
+            "Changed arguments are approved once: a grant cannot be given with them. Approve once "
+            "with the changes, or give the grant without them."
         )
     return _escape(req, gates, changes, config)
 
@@ -226,4 +218,4 @@ def same_call(
 ) -> bool:
     """Whether ``executed`` (redacted) are the arguments a request (its ``arguments`` and
     ``approved_arguments``) approved."""
-    return _same(approved_arguments if approved_arguments is not None else arguments, executed)
+    return same(approved_arguments if approved_arguments is not None else arguments, executed)

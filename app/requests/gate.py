@@ -1,32 +1,49 @@
-"""The server side of the built-in hooks (:class:`signoff.hooks.HookServices`)."""
+"""The gate service: the server side of the built-in hooks for one call
+(:class:`signoff.hooks.HookServices`).
+
+A confirmation gate asks :meth:`GateService.request_approval`: the first gate of a call
+reads the call's :class:`~signoff.app.requests.kernel.Snapshot` (the request holding its
+idempotency key and the grants covering it, in one reading unit of work) and asks the kernel;
+every gate of the call is answered from that one answer. Once every hook has run the route
+hands the chain's result to :meth:`GateService.conclude`, which applies the kernel's answer:
+it writes the new request the answer asks for, or counts the use of the grants an allow rests
+on. A deny from any hook is final, and a write that outlives its time limit is never the answer:
+the call is denied, naming the gate, and the write finishes on its own.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Action, Actor
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.config import SignoffConfig
 from signoff.app.db import UNAVAILABLE
-from signoff.app.models import RateBucket, utcnow
+from signoff.app.models import ConfirmationRequest, Grant, RateBucket, from_row, utcnow
 from signoff.app.redaction import redact
 from signoff.app.requests import grants
-from signoff.app.requests.intake import Approvals
+from signoff.app.requests.eligibility import GateSnapshot, gates_of
+from signoff.app.requests.intake import Intake, held_by, new_request
+from signoff.app.requests.kernel import Answer, KeyedGate, Snapshot, decide, idempotency_key
 from signoff.app.switches import is_switch_on
-from signoff.hooks import Decision, HookContext, HookResult, ServiceUnavailable
+from signoff.hooks import DEFAULT_HOOK_TIMEOUT, Decision, HookContext, HookResult, ServiceUnavailable
 
 if TYPE_CHECKING:
     from signoff.app.runtime import Runtime
 
-__all__ = ["ServerHookServices"]
+__all__ = ["CutShort", "GateService"]
 
 log = logging.getLogger("signoff")
 
@@ -43,115 +60,251 @@ def _reachable() -> Iterator[None]:
         raise ServiceUnavailable(f"the database is unavailable ({type(exc).__name__})") from exc
 
 
+class CutShort(Exception):
+    """The call's own unit of work was cut short (a hook's time limit struck in the middle of
+    one of its statements): it must be rolled back, and the call is answered ``result``."""
+
+    def __init__(self, result: HookResult) -> None:
+        super().__init__(result.reason)
+        self.result = result
+
+
+class _Late(Exception):
+    """A write outlived its time limit: the call is answered ``result`` (a deny)."""
+
+    def __init__(self, result: HookResult) -> None:
+        super().__init__(result.reason)
+        self.result = result
+
+
 class _GrantEnded(Exception):
     """A grant the call rested on was revoked or expired before its use was counted."""
 
 
-class ServerHookServices:
-    """Writes go to the call's ``session`` (new requests through the runtime's intake
-    while that session has not begun); reads of switches take a reading session, so a
-    guard alone never starts the call's write transaction."""
+class GateService:
+    """The server side of the built-in hooks for one call of ``agent_id``.
 
-    def __init__(self, session: AsyncSession, runtime: Runtime, agent_id: str) -> None:
-        config = runtime.config
+    Writes go to the call's unit of work ``session`` (new requests through ``intake`` while
+    that unit of work has not begun); reads take a unit of work of ``reads`` (default:
+    ``session``), so a gate or a guard alone never starts the call's write transaction. A write
+    the gate service makes once the hooks have run takes at most ``time_limit`` seconds.
+    """
+
+    def __init__(
+        self,
+        session: AsyncSession,
+        config: SignoffConfig,
+        agent_id: str,
+        *,
+        intake: Intake | None = None,
+        reads: async_sessionmaker[AsyncSession] | None = None,
+        time_limit: float = DEFAULT_HOOK_TIMEOUT,
+        now: datetime | None = None,
+    ) -> None:
         self._session = session
-        self._reads = runtime.reads
-        self.approvals = Approvals(session, config, intake=runtime.intake, reads=runtime.reads)
+        self._config = config
+        self._intake = intake or Intake()
+        self._reads = reads
+        self._time_limit = time_limit
+        self._now = now
         self._redact = config.redact_words(agent_id)
-        self._unsettled: asyncio.Task[HookResult] | None = None
+        self._call: HookContext | None = None
+        self._matched: Sequence[KeyedGate] = ()
+        self._snapshot: Snapshot | None = None
+        self._cut_short = False
+        self.answer: Answer | None = None
+        """The kernel's answer for the call (once a confirmation gate has asked)."""
+        self.request: ConfirmationRequest | None = None
+        """The request the answer rests on."""
+        self.created: ConfirmationRequest | None = None
+        """The request this call wrote (it has no votes)."""
+        self.gates: list[GateSnapshot] = []
+        """The gates of ``request``, typed (read once)."""
+        self.granted: dict[str, Grant] = {}
+        """The grants whose use this call counted, by gate key."""
 
-    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
-        # The write runs in a task of its own that the gate's timeout cannot cut short. Were
-        # it cancelled, the request and its card post could be committed all the same (the
-        # intake writes batches in a transaction of its own) while the agent hears "deny":
-        # state and answer would disagree. Cancelling the committed request instead would
-        # take a second write, which can fail or lose the race to an approver's click. So
-        # once a request is being written its outcome is the answer: a timeout leaves the
-        # write to `settle`, which the route awaits before answering.
-        task = asyncio.ensure_future(self._request_approval(ctx, gate))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            self._unsettled = task
-            raise
-
-    async def _request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
-        with _reachable():
-            return await self.approvals.request_approval(ctx, gate)
-
-    async def settle(self) -> HookResult | None:
-        """The answer of a request write that outlived its hook's timeout, once it has ended.
-
-        None when there was none, or when the write failed for a reason other than the
-        database being unavailable (nothing was written, so the timeout's deny stands).
-        Raises :class:`ServiceUnavailable` when the database could not be reached.
-        """
-        task, self._unsettled = self._unsettled, None
-        if task is None:
-            return None
-        try:
-            return await task
-        except ServiceUnavailable:
-            raise
-        except Exception:
-            log.exception("writing a new request failed after its hook timed out")
-            return None
+    @classmethod
+    def for_call(
+        cls, session: AsyncSession, runtime: Runtime, agent_id: str, *, time_limit: float
+    ) -> GateService:
+        return cls(
+            session,
+            runtime.config,
+            agent_id,
+            intake=runtime.intake,
+            reads=runtime.reads,
+            time_limit=time_limit,
+        )
 
     @property
     def grant_id(self) -> str | None:
         """The grant the call was allowed by (the first, when grants stood in for several gates)."""
-        return next((g.id for g in self.approvals.granted.values()), None)
+        return next((g.id for g in self.granted.values()), None)
+
+    # -- the confirmation gate --------------------------------------------------------------
+
+    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
+        """The kernel's answer for the call ``gate`` is one of the gates of (see the module)."""
+        if self.answer is None:
+            assert isinstance(gate, ConfirmationGate)
+            matched = self._matching(ctx, gate)
+            with self._watched(mine=self._session.in_transaction()):
+                snapshot = await self._read_snapshot(ctx, matched)
+            self._call, self._matched, self._snapshot = ctx, matched, snapshot
+            self._adopt(decide(ctx, matched, snapshot, self._config))
+        assert self.answer is not None
+        return _result(self.answer)
+
+    async def ask(self, ctx: HookContext, gate: ConfirmationGate) -> HookResult:
+        """The gate alone, answered and applied (for tools and tests: a chain of one gate)."""
+        return await self.conclude(ctx, await self.request_approval(ctx, gate))
+
+    def _adopt(self, answer: Answer) -> None:
+        self.answer = answer
+        if answer.request is not None and answer.request is not self.request:
+            self.request, self.gates = answer.request, gates_of(answer.request)
+
+    def _matching(self, ctx: HookContext, gate: ConfirmationGate) -> list[KeyedGate]:
+        """Every confirmation gate of the agent that matches the call (``gate`` among them),
+        in the order they run, with the keys requests record them by."""
+        keyed = self._config.confirmation_gates(ctx.agent_id)
+        if not any(g is gate for _, g in keyed):
+            return [(gate.label, gate)]  # a gate from outside the configuration asks alone
+        return [(key, g) for key, g in keyed if g is gate or _matches(g, ctx)]
+
+    async def _read_snapshot(self, ctx: HookContext, matched: Sequence[KeyedGate]) -> Snapshot:
+        """What the database holds for the call. Without a gate offering grants nothing is
+        read: the write that claims the call's key finds the request holding it, if any."""
+        now = self._now or utcnow()
+        if not any(gate.grants for _, gate in matched):
+            return Snapshot(now)
+        key = idempotency_key(ctx)
+        with _reachable():
+            if self._reads is None or self._session.in_transaction():
+                return await _read(self._session, ctx, key, matched, self._config, now)
+            async with self._reads() as session:
+                return await _read(session, ctx, key, matched, self._config, now)
+
+    # -- once every hook has run ------------------------------------------------------------
 
     async def conclude(self, ctx: HookContext, result: HookResult) -> HookResult:
-        """The answer once every hook has run. An allow that grants let through their gates
-        uses them: each grant's row is checked again as the use is counted (audited
-        ``grant_used``), so one revoked on any replica meanwhile denies instead."""
-        used = self.approvals.granted
-        if result.decision is not Decision.ALLOW or not used:
-            return result
-        with _reachable():
-            ended = await self._use_grants(ctx)
-        if ended is not None:
-            self.approvals.granted = {}
-            return HookResult.deny(
-                f"grant {ended} ended (revoked or expired) as the call was answered; "
-                "call again to ask for approval",
-                request_id=result.request_id,
-            )
-        reasons = [grants.describe(g) for g in used.values()]
-        if result.reason:
-            reasons.insert(0, result.reason)
-        return replace(result, reason="; ".join(reasons))
+        """The call's answer once every hook has run and answered ``result``: the kernel's
+        answer applied (see the module).
 
-    async def _use_grants(self, ctx: HookContext) -> str | None:
+        Raises :class:`CutShort` when a statement of the call's unit of work was cut short,
+        by a hook's time limit or by this one's; the unit of work must then be rolled back.
+        """
+        if self._cut_short:
+            raise CutShort(result if result.decision is Decision.DENY else _cut_short())
+        answer = self.answer
+        if answer is None or result.decision is Decision.DENY:
+            return result
+        try:
+            if answer.ask and result.decision is Decision.PENDING:
+                answer = await self._write_request(answer)
+                if answer.decision is not Decision.ALLOW:
+                    return _result(answer)
+                # The key was taken by a request that allows the call: answered from it.
+                result = _result(answer)
+            if result.decision is not Decision.ALLOW:
+                return result
+            if answer.grants:
+                async with self._within_limit("count the use of its grant", in_call=True):
+                    ended = await self._use_grants(ctx, answer.grants)
+                if ended is not None:
+                    return HookResult.deny(
+                        f"grant {ended} ended (revoked or expired) as the call was answered; "
+                        "call again to ask for approval",
+                        request_id=answer.request_id,
+                    )
+                self.granted = dict(answer.grants)
+        except _Late as late:
+            return late.result
+        return replace(result, reason=answer.reason or result.reason, request_id=answer.request_id)
+
+    async def _write_request(self, answer: Answer) -> Answer:
+        """Write the request ``answer`` asks for; the kernel's answer again over the request
+        holding the call's key, when one already did."""
+        call, snapshot = self._call, self._snapshot
+        assert call is not None
+        assert snapshot is not None
+        asked = [(key, gate) for key, gate in self._matched if key in answer.ask]
+        new = new_request(call, asked, self._config, now=snapshot.now)
+        # Written by the intake in a transaction of its own unless the call's has begun.
+        async with self._within_limit("record its request", in_call=self._session.in_transaction()):
+            with _reachable():
+                found = await self._intake.create_request(self._session, new)
+        if found is not None:
+            self._adopt(decide(call, self._matched, replace(snapshot, request=found), self._config))
+            assert self.answer is not None
+            return self.answer
+        req = from_row(ConfirmationRequest, new.row)
+        self.created = self.request = req
+        self.gates = list(new.gates)
+        where = ", ".join(dict.fromkeys(gate.channel for _, gate in asked))
+        self.answer = replace(
+            answer, request=req, reason=f"waiting for approval in {where} (request {req.id})"
+        )
+        return self.answer
+
+    @asynccontextmanager
+    async def _within_limit(self, what: str, *, in_call: bool) -> AsyncIterator[None]:
+        """At most the time limit; past it the call is denied, naming the gate. Work in the
+        call's unit of work is cut short (:class:`CutShort`: it is rolled back); a request the
+        intake writes in a transaction of its own is written all the same, but never answers
+        this call (a retry under the same key finds it)."""
+        try:
+            async with asyncio.timeout(self._time_limit):
+                yield
+        except TimeoutError:
+            gate = self._matched[0][1].label if self._matched else "confirmation gate"
+            denied = HookResult.deny(f"gate {gate!r} could not {what} within {self._time_limit:g}s")
+            if in_call:
+                raise CutShort(denied) from None
+            raise _Late(denied) from None
+
+    async def _use_grants(self, ctx: HookContext, used: Mapping[str, Grant]) -> str | None:
         """Count a use of every grant the call rests on; the id of one that had ended (then no
         use of any is counted)."""
         detail = {"tool": ctx.tool_name, "session_id": ctx.session_id, "tool_call_id": ctx.tool_call_id}
-        used = list(self.approvals.granted.items())
-        if len(used) == 1:
-            key, grant = used[0]
-            done = await grants.use(self._session, grant, agent=ctx.agent_id, detail={**detail, "gate": key})
-            return None if done else grant.id
+        with _reachable():
+            if len(used) == 1:
+                ((key, grant),) = used.items()
+                done = await grants.use(
+                    self._session, grant, agent=ctx.agent_id, detail={**detail, "gate": key}
+                )
+                return None if done else grant.id
+            try:
+                async with self._session.begin_nested():
+                    for key, grant in used.items():
+                        if not await grants.use(
+                            self._session, grant, agent=ctx.agent_id, detail={**detail, "gate": key}
+                        ):
+                            raise _GrantEnded(grant.id)
+            except _GrantEnded as exc:
+                return str(exc)
+            return None
+
+    @contextmanager
+    def _watched(self, *, mine: bool) -> Iterator[None]:
+        """Note a statement of the call's unit of work (``mine``) cut short by a hook's time limit."""
         try:
-            async with self._session.begin_nested():
-                for key, grant in used:
-                    if not await grants.use(
-                        self._session, grant, agent=ctx.agent_id, detail={**detail, "gate": key}
-                    ):
-                        raise _GrantEnded(grant.id)
-        except _GrantEnded as exc:
-            return str(exc)
-        return None
+            yield
+        except asyncio.CancelledError:
+            self._cut_short = self._cut_short or mine
+            raise
+
+    # -- the other built-in hooks -----------------------------------------------------------
 
     async def is_switch_on(self, name: str) -> bool:
-        with _reachable():
-            if self._session.in_transaction():
+        with _reachable(), self._watched(mine=self._session.in_transaction()):
+            if self._reads is None or self._session.in_transaction():
                 return await is_switch_on(self._session, name)
             async with self._reads() as session:
                 return await is_switch_on(session, name)
 
     async def take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
-        with _reachable():
+        with _reachable(), self._watched(mine=True):
             return await self._take_token(bucket, capacity=capacity, refill_per_second=refill_per_second)
 
     async def _take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
@@ -179,10 +332,44 @@ class ServerHookServices:
         return redact(value, self._redact)
 
     async def record(self, ctx: HookContext, action: str, detail: Mapping[str, Any]) -> None:
-        with _reachable():
+        with _reachable(), self._watched(mine=True):
             await audit.append(
                 self._session,
                 Action(action),
                 actor=Actor("agent", ctx.agent_id),
                 detail=redact(dict(detail), self._redact),
             )
+
+
+def _result(answer: Answer) -> HookResult:
+    """The kernel's answer as a gate of the call answers it."""
+    return HookResult(
+        decision=answer.decision,
+        reason=answer.reason,
+        request_id=answer.request_id,
+        modified_arguments=answer.modified_arguments,
+    )
+
+
+def _cut_short() -> HookResult:
+    return HookResult.deny("a hook was cut short by its time limit; call again")
+
+
+def _matches(gate: ConfirmationGate, ctx: HookContext) -> bool:
+    try:
+        return gate.matches(ctx)
+    except Exception:
+        return True  # a gate that cannot tell asks its approvers (fail closed)
+
+
+async def _read(
+    session: AsyncSession,
+    ctx: HookContext,
+    key: str | None,
+    matched: Sequence[KeyedGate],
+    config: SignoffConfig,
+    now: datetime,
+) -> Snapshot:
+    found = await grants.find_for_call(session, ctx, matched, config, now=now)
+    request = await held_by(session, ctx.agent_id, key) if key is not None else None
+    return Snapshot(now, request=request, grants=found)

@@ -29,7 +29,6 @@ any replica stops the next call, and expiry needs no sweep.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -45,9 +44,9 @@ from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row
 from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
+from signoff.app.requests.canonical import canonical
 from signoff.app.requests.eligibility import GateSnapshot, Voter, gates_of, is_requester
-from signoff.channels import GrantChoice, Verdict
-from signoff.channels._contract import duration_text
+from signoff.channels import GrantChoice, Verdict, duration_text
 from signoff.hooks import HookContext
 
 __all__ = [
@@ -73,12 +72,6 @@ _GRANTS: sa.Table = Grant.__table__  # type: ignore[attr-defined]
 _INSERT = sa.insert(_GRANTS)
 _ABSENT = "\x00absent"
 """What an absent field is digested as: no JSON text starts with NUL."""
-
-
-def canonical(value: Any) -> str:
-    """``value`` as canonical JSON: keys sorted, no spaces; ``1``, ``1.0``, ``"1"`` and ``true``
-    all differ, and text stays as sent."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def field_digest(arguments: Mapping[str, Any], name: str) -> str:

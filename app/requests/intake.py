@@ -16,13 +16,11 @@ of the audit chain's head-row lock per batch rather than per call.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,18 +31,20 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
-from signoff.app.config import SignoffConfig, identity_key
+from signoff.app.config import SignoffConfig
 from signoff.app.db import dialect_of, insert_ignoring, transaction
 from signoff.app.deliveries import owed_delivery, queue_deliveries
-from signoff.app.models import ConfirmationRequest, Grant, Status, from_row, utcnow
+from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.redaction import redact
-from signoff.app.requests import edits, grants
-from signoff.app.requests.eligibility import EscalationStep, GateSnapshot, gates_of
-from signoff.app.requests.single_use import spent
-from signoff.app.requests.states import DECIDED_COLUMNS, decision_for
-from signoff.hooks import Decision, HookContext, HookResult
+from signoff.app.requests import grants
+from signoff.app.requests.canonical import call_digest
+from signoff.app.requests.eligibility import EscalationStep, GateSnapshot
+from signoff.app.requests.kernel import idempotency_key
+from signoff.app.requests.reminders import scheduled
+from signoff.app.requests.states import DECIDED_COLUMNS
+from signoff.hooks import HookContext
 
-__all__ = ["Approvals", "Intake", "NewRequest", "write_new_requests"]
+__all__ = ["Intake", "NewRequest", "held_by", "new_request", "write_new_requests"]
 
 MAX_BATCH = 256
 """Calls written in one transaction at most."""
@@ -95,14 +95,7 @@ async def write_new_requests(
         # The key is taken: a replay, or the same call raced itself in; answer with the
         # request that won.
         agent_id, key = n.row["agent_id"], n.row["idempotency_key"]
-        found = (
-            await session.exec(
-                select(ConfirmationRequest).where(
-                    col(ConfirmationRequest.agent_id) == agent_id,
-                    col(ConfirmationRequest.idempotency_key) == key,
-                )
-            )
-        ).one_or_none()
+        found = await held_by(session, agent_id, key)
         if found is None:
             raise RuntimeError(f"idempotency key {key!r} is taken, yet no request holds it")
         answers.append(found)
@@ -203,251 +196,61 @@ class Intake:
                 future.set_result(answer)
 
 
-class Approvals:
-    """The server side of the confirmation gate for one call (see :class:`signoff.hooks.HookServices`).
-
-    A gate with an active grant covering the call lets it on at once (the grant is recorded
-    in ``granted``; its use is counted once every hook has allowed the call, see
-    :meth:`signoff.app.requests.gate.ServerHookServices.conclude`). Otherwise one request asks
-    every matching gate without such a grant. Its request is written by ``intake`` as part of the
-    call's unit of work ``session``; grants are looked up in ``reads`` (default: ``session``).
-    """
-
-    def __init__(
-        self,
-        session: AsyncSession,
-        config: SignoffConfig,
-        *,
-        intake: Intake | None = None,
-        reads: async_sessionmaker[AsyncSession] | None = None,
-        now: datetime | None = None,
-    ) -> None:
-        self._session = session
-        self._config = config
-        self._intake = intake or Intake()
-        self._reads = reads
-        self._now = now
-        self.created: ConfirmationRequest | None = None
-        self.request: ConfirmationRequest | None = None
-        self.gates: list[GateSnapshot] = []
-        """The gates of ``request``, typed (read once)."""
-        self._grants: dict[str, Grant] | None = None
-        self.granted: dict[str, Grant] = {}
-        """The grants that let this call through their gates, by gate key, in the order used."""
-        self._edited: tuple[dict[str, Any], dict[str, Any]] | None = None
-        """Answered with the approver's changes: the call's arguments, and those it runs with."""
-
-    @staticmethod
-    def idempotency_key(ctx: HookContext) -> str | None:
-        if ctx.idempotency_key:
-            return ctx.idempotency_key
-        if ctx.session_id and ctx.tool_call_id:
-            return f"{ctx.session_id}:{ctx.tool_call_id}"
-        return None
-
-    def _replay(
-        self,
-        found: ConfirmationRequest,
-        digest: str,
-        key: str,
-        arguments: Mapping[str, Any],
-        ctx: HookContext,
-    ) -> HookResult:
-        """The answer for gate ``key`` from the request already holding the call's key."""
-        if found.call_digest != digest:
-            # Never let an approval for one call stand in for another.
-            return HookResult.deny(
-                f"idempotency key {found.idempotency_key!r} was already used for a different call "
-                f"(request {found.id}); send a new key for a new call"
-            )
-        if not _same_user(found.user_id, ctx.user_id, self._config):
-            # Its approvers decided a call made on someone else's behalf (and may not approve
-            # one made on their own).
-            return HookResult.deny(
-                f"idempotency key {found.idempotency_key!r} was already used for a call on behalf of "
-                f"another user (request {found.id}); send a new key for a new call"
-            )
-        if self.request is not found:
-            self.request, self.gates = found, gates_of(found)
-        if key not in {g.key for g in self.gates}:
-            # Its approval never asked this gate (the configuration changed since, or a grant
-            # that stood in for it has ended).
-            return HookResult.deny(
-                f"gate {key!r} was not asked in request {found.id} under idempotency key "
-                f"{found.idempotency_key!r}; send a new key to ask every gate again",
-                request_id=found.id,
-            )
-        answer = decision_for(found)
-        if answer.decision is Decision.ALLOW:
-            if (why := spent(found, self._now)) is not None:
-                return HookResult.deny(why, request_id=found.id)
-            # Approved with changes: the call runs as approved.
-            modified = edits.modified_arguments(found, arguments)
-            if modified is not None:
-                # Earlier gates of the chain saw the call as proposed: every gate that was not
-                # asked is asked of the call as approved, in this replay's context.
-                if (
-                    why := edits.replay_refusal(found, ctx.with_arguments(modified), self._config)
-                ) is not None:
-                    return HookResult.deny(why, request_id=found.id)
-                self._edited = (dict(arguments), modified)
-                return replace(answer, modified_arguments=modified)
-        return answer
-
-    async def _active_grants(
-        self, ctx: HookContext, matched: list[tuple[str, ConfirmationGate]]
-    ) -> dict[str, Grant]:
-        """The active grant covering the call for each matching gate that has one (looked up
-        once per call, and only when a matching gate offers grants)."""
-        if self._grants is None:
-            if not any(gate.grants for _, gate in matched):
-                self._grants = {}
-            elif self._reads is None or self._session.in_transaction():
-                self._grants = await grants.find_for_call(
-                    self._session, ctx, matched, self._config, now=self._now
-                )
-            else:
-                async with self._reads() as session:
-                    self._grants = await grants.find_for_call(
-                        session, ctx, matched, self._config, now=self._now
-                    )
-        return self._grants
-
-    def _matching(self, ctx: HookContext, gate: ConfirmationGate) -> list[tuple[str, ConfirmationGate]]:
-        """Every confirmation gate of the agent that matches the call (``gate`` among them),
-        in the order they run, with the keys requests record them by."""
-        keyed = self._config.confirmation_gates(ctx.agent_id)
-        if not any(g is gate for _, g in keyed):
-            return [(gate.label, gate)]  # a gate from outside the configuration asks alone
-        return [(key, g) for key, g in keyed if g is gate or _matches(g, ctx)]
-
-    def _prepare(
-        self,
-        ctx: HookContext,
-        gate: ConfirmationGate,
-        matched: list[tuple[str, ConfirmationGate]] | None = None,
-    ) -> NewRequest:
-        """The request ``gate`` asks for: one for every gate that matches the call."""
-        config = self._config
-        matched = matched or self._matching(ctx, gate)
-        now = self._now or utcnow()
-        words = config.redact_words(ctx.agent_id)
-        recorded = [_recorded(key, gate, ctx.arguments, config) for key, gate in matched]
-        snapshots = [snapshot for snapshot, _ in recorded]
-        gates = [stored for _, stored in recorded]
-        first = matched[0][1]
-        row: dict[str, Any] = {
-            "id": uuid.uuid4().hex,
-            "agent_id": ctx.agent_id,
-            "tool_name": ctx.tool_name,
-            "arguments": redact(dict(ctx.arguments), words),
-            "user_id": ctx.user_id,
-            "session_id": ctx.session_id,
-            "tool_call_id": ctx.tool_call_id,
-            "idempotency_key": self.idempotency_key(ctx),
-            "call_digest": call_digest(ctx.tool_name, ctx.arguments),
-            "request_metadata": redact(dict(ctx.metadata), words),
-            "gate": {**gates[0], "config_version": config.version},
-            "gates": gates,
-            "channel": first.channel,
-            "requester": config.recognise(ctx.user_id) or ctx.user_id,
-            "created_at": now,
-            # The shortest deadline of the gates: each gate's approvers get no more than theirs.
-            "expires_at": now + min(gate.timeout for _, gate in matched),
-            "status": Status.PENDING,
-            **_UNDECIDED,
-        }
-        detail = {
-            "tool": ctx.tool_name,
-            "gate": first.label,
-            "gates": [s.name for s in snapshots],
-            "channel": first.channel,
-            "user_id": ctx.user_id,
-            "config_version": config.version,
-        }
-        channels = dict.fromkeys(gate.channel for _, gate in matched)
-        later = _later(row["id"], now, row["expires_at"], [g for _, g in matched], snapshots, config)
-        return NewRequest(
-            row,
-            detail,
-            cards=tuple(ch for ch in channels if not config.is_web(ch)),
-            later=later,
-            gates=tuple(snapshots),
-        )
-
-    async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
-        """One request for every gate the call matches: the first gate to ask makes it (or
-        finds the one its idempotency key holds); each later gate's answer is that request's."""
-        assert isinstance(gate, ConfirmationGate)
-        matched = self._matching(ctx, gate)
-        key = next(k for k, g in matched if g is gate)
-        active = await self._active_grants(ctx, matched)
-        if key in active:
-            grant = self.granted[key] = active[key]
-            return HookResult(decision=Decision.ALLOW, reason=grants.describe(grant))
-        digest = call_digest(ctx.tool_name, ctx.arguments)
-        if self.request is not None:
-            # A later gate of this same call (an Approvals serves one call): the earlier gate
-            # let the call on by this request, which holds every gate that matched (the call
-            # as approved, when the approver changed it).
-            arguments = ctx.arguments
-            if self._edited is not None and self._edited[1] == dict(ctx.arguments):
-                arguments = self._edited[0]
-                digest = call_digest(ctx.tool_name, arguments)
-            return self._replay(self.request, digest, key, arguments, ctx)
-        # A grant stands in for its own gate only: the request asks every other gate.
-        new = self._prepare(ctx, gate, [(k, g) for k, g in matched if k not in active])
-        found = await self._intake.create_request(self._session, new)
-        if found is not None:
-            return self._replay(found, digest, key, ctx.arguments, ctx)
-        req = from_row(ConfirmationRequest, new.row)
-        self.created = self.request = req
-        self.gates = list(new.gates)
-        where = ", ".join(dict.fromkeys(g.channel for _, g in matched))
-        return HookResult(
-            decision=Decision.PENDING,
-            reason=f"waiting for approval in {where} (request {req.id})",
-            request_id=req.id,
-        )
+async def held_by(session: AsyncSession, agent_id: str, key: str) -> ConfirmationRequest | None:
+    """The request of ``agent_id`` holding idempotency key ``key``, if one does."""
+    stmt = select(ConfirmationRequest).where(
+        col(ConfirmationRequest.agent_id) == agent_id, col(ConfirmationRequest.idempotency_key) == key
+    )
+    return (await session.exec(stmt)).one_or_none()
 
 
-def _same_user(recorded: str | None, given: str | None, config: SignoffConfig) -> bool:
-    """Whether ``given`` (a replay's ``user_id``) names whoever ``recorded`` (the request's) did:
-    the same id in any spelling, or two ids of one person of the directory."""
-    if identity_key(recorded or "") == identity_key(given or ""):
-        return True
-    person = config.recognise(recorded)
-    return person is not None and person == config.recognise(given)
-
-
-def _matches(gate: ConfirmationGate, ctx: HookContext) -> bool:
-    try:
-        return gate.matches(ctx)
-    except Exception:
-        return True  # a gate that cannot tell asks its approvers (fail closed)
-
-
-def _later(
-    request_id: str,
-    now: datetime,
-    expires_at: datetime,
-    gates: Sequence[ConfirmationGate],
-    snapshots: Sequence[GateSnapshot],
-    config: SignoffConfig,
-) -> tuple[dict[str, Any], ...]:
-    """The outbox rows of the gates' reminders (under a card: none on a ``web`` channel) and
-    escalations that fall before the request expires, earliest first."""
-    rows: list[tuple[datetime, dict[str, Any]]] = []
-    for i, (gate, snapshot) in enumerate(zip(gates, snapshots, strict=True)):
-        if not config.is_web(gate.channel):
-            for j, point in enumerate(gate.remind):
-                due = now + point.due(gate.timeout)
-                rows.append((due, owed_delivery(request_id, gate.channel, "remind", due, gate=i, step=j)))
-        for j, step in enumerate(snapshot.escalations):
-            due = now + timedelta(seconds=step.after_seconds)
-            rows.append((due, owed_delivery(request_id, step.channel, "escalate", due, gate=i, step=j)))
-    rows.sort(key=lambda r: r[0])
-    return tuple(row for due, row in rows if due < expires_at)
+def new_request(
+    ctx: HookContext, matched: Sequence[tuple[str, ConfirmationGate]], config: SignoffConfig, *, now: datetime
+) -> NewRequest:
+    """The request asking ``matched`` (each with its key) about the call ``ctx``, made at ``now``."""
+    words = config.redact_words(ctx.agent_id)
+    recorded = [_recorded(key, gate, ctx.arguments, config) for key, gate in matched]
+    snapshots = [snapshot for snapshot, _ in recorded]
+    gates = [stored for _, stored in recorded]
+    first = matched[0][1]
+    row: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "agent_id": ctx.agent_id,
+        "tool_name": ctx.tool_name,
+        "arguments": redact(dict(ctx.arguments), words),
+        "user_id": ctx.user_id,
+        "session_id": ctx.session_id,
+        "tool_call_id": ctx.tool_call_id,
+        "idempotency_key": idempotency_key(ctx),
+        "call_digest": call_digest(ctx.tool_name, ctx.arguments),
+        "request_metadata": redact(dict(ctx.metadata), words),
+        "gate": {**gates[0], "config_version": config.version},
+        "gates": gates,
+        "channel": first.channel,
+        "requester": config.recognise(ctx.user_id) or ctx.user_id,
+        "created_at": now,
+        # The shortest deadline of the gates: each gate's approvers get no more than theirs.
+        "expires_at": now + min(gate.timeout for _, gate in matched),
+        "status": Status.PENDING,
+        **_UNDECIDED,
+    }
+    detail = {
+        "tool": ctx.tool_name,
+        "gate": first.label,
+        "gates": [s.name for s in snapshots],
+        "channel": first.channel,
+        "user_id": ctx.user_id,
+        "config_version": config.version,
+    }
+    channels = dict.fromkeys(gate.channel for _, gate in matched)
+    later = scheduled(row["id"], now, row["expires_at"], [g for _, g in matched], snapshots, config)
+    return NewRequest(
+        row,
+        detail,
+        cards=tuple(ch for ch in channels if not config.is_web(ch)),
+        later=later,
+        gates=tuple(snapshots),
+    )
 
 
 _Recorded = tuple[ConfirmationGate, GateSnapshot, dict[str, object]]
@@ -497,8 +300,3 @@ def _snapshot(key: str, gate: ConfirmationGate, config: SignoffConfig) -> GateSn
         names={a: config.display_name(a) for a in everyone},
         config_version=config.version,
     )
-
-
-def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
-    body = json.dumps([tool_name, arguments], sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(body.encode()).hexdigest()

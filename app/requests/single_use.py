@@ -25,7 +25,7 @@ from signoff.app.metrics import EXECUTED_MISMATCHES
 from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.app.requests.edits import same_call
 from signoff.app.requests.eligibility import gates_of
-from signoff.channels._contract import duration_text
+from signoff.channels import duration_text
 
 __all__ = ["DEFAULT_VALID_FOR", "record_executed", "spent", "valid_for"]
 

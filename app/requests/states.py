@@ -37,9 +37,8 @@ from signoff.app.models import (
 )
 from signoff.app.requests.edits import approved_changes
 from signoff.app.requests.eligibility import asked, gates_of
-from signoff.channels._contract import duration_text
-from signoff.hooks import Decision, HookResult
-from signoff.hooks._gate import describe_request
+from signoff.channels import duration_text
+from signoff.hooks import Decision, HookResult, describe_request
 
 __all__ = [
     "ALLOWED_TRANSITIONS",

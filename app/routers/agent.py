@@ -8,7 +8,6 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -34,8 +33,8 @@ from signoff.app.deps import (
 from signoff.app.metrics import GATE_CALLS
 from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.queries import request_out
-from signoff.app.requests.gate import ServerHookServices
-from signoff.app.requests.intake import Approvals
+from signoff.app.requests.gate import CutShort, GateService
+from signoff.app.requests.kernel import idempotency_key
 from signoff.app.requests.single_use import record_executed
 from signoff.app.requests.states import TERMINAL, get_request, transition
 from signoff.app.requests.votes import votes_for
@@ -179,8 +178,11 @@ async def answer_pre_tool_use(request: Request) -> Response:
     agent = await agent_for(runtime, bearer_token(authorization))  # as AgentDep
     body = _validated(value)
     _check_limits(runtime, body, raw)
-    async with transaction(runtime.sessions) as session:  # as SessionDep
-        out = await run_pre_tool_use(body, agent, runtime, session)
+    try:
+        async with transaction(runtime.sessions) as session:  # as SessionDep
+            out = await run_pre_tool_use(body, agent, runtime, session)
+    except CutShort as exc:  # the unit of work was rolled back
+        out = DecisionOut(decision="deny", reason=exc.result.reason, request_id=exc.result.request_id)
     return Response(out.model_dump_json(), media_type="application/json")
 
 
@@ -241,12 +243,12 @@ async def run_pre_tool_use(
     if ran is None:
         return DecisionOut(decision="deny", reason=_not_configured(agent))
     result, services = ran
-    made = services.approvals.request
+    made = services.request
     request = None
     if made is not None and result.request_id == made.id:
         # A request made by this call has no votes yet.
-        votes = [] if made is services.approvals.created else await votes_for(session, made.id)
-        request = RequestOut.of(made, votes, gates=services.approvals.gates)
+        votes = [] if made is services.created else await votes_for(session, made.id)
+        request = RequestOut.of(made, votes, gates=services.gates)
     return DecisionOut(
         decision=result.decision.value,
         reason=result.reason,
@@ -311,13 +313,13 @@ _RUN: dict[Point, Callable[[HookRegistry, HookContext], Coroutine[Any, Any, Hook
 
 async def _run_hooks(
     point: Point, agent: str, body: ToolCallIn | SessionStartIn, runtime: Runtime, session: AsyncSession
-) -> tuple[HookResult, ServerHookServices] | None:
+) -> tuple[HookResult, GateService] | None:
     """Run the agent's hooks at ``point`` and count the answer; None for an agent the
     configuration does not name."""
     registry = runtime.registries.get(agent)
     if registry is None:
         return None
-    services = ServerHookServices(session, runtime, agent)
+    services = GateService.for_call(session, runtime, agent, time_limit=registry.timeout)
     ctx = _context(agent, body, services)
     if point == "post_tool_use":
         # The call ran: the approval it ran under (if any) allows nothing more.
@@ -325,25 +327,22 @@ async def _run_hooks(
             session,
             runtime.reads,
             agent_id=agent,
-            key=Approvals.idempotency_key(ctx),
+            key=idempotency_key(ctx),
             tool_name=ctx.tool_name,
             arguments=ctx.arguments,
             redact=services.redact,
         )
     result = await _RUN[point](registry, ctx)
-    if (late := await services.settle()) is not None:
-        # The gate timed out while its request was being written, and the write went through:
-        # the request is the answer (see ServerHookServices.request_approval).
-        result = replace(late, modified_arguments=result.modified_arguments)
     if point == "pre_tool_use":
+        # The kernel's answer applied: a new request written, a grant's use counted.
         result = await services.conclude(ctx, result)
-    gates = services.approvals.gates
+    gates = services.gates
     gate_name = gates[0].name if gates else ""
     _gate_calls(point, agent, gate_name, result.decision.value).inc()
     return result, services
 
 
-def _context(agent: str, body: ToolCallIn | SessionStartIn, services: ServerHookServices) -> HookContext:
+def _context(agent: str, body: ToolCallIn | SessionStartIn, services: GateService) -> HookContext:
     """What the hooks see of the call (or of the session start) the agent reported."""
     call = body if isinstance(body, ToolCallIn) else None
     metadata = body.metadata

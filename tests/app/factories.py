@@ -13,7 +13,7 @@ from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import SignoffConfig
 from signoff.app.models import ConfirmationRequest, Delivery, Status, utcnow
-from signoff.app.requests.intake import Approvals
+from signoff.app.requests.gate import GateService
 from signoff.hooks import HookContext
 
 
@@ -39,8 +39,8 @@ async def make_request(
         idempotency_key=idempotency_key,
     )
     gate = next(g for g in gates if g.matches(ctx))
-    approvals = Approvals(session, config, now=now)
-    await approvals.request_approval(ctx, gate)
+    approvals = GateService(session, config, agent, now=now)
+    await approvals.ask(ctx, gate)
     assert approvals.request is not None
     return approvals.request
 

@@ -20,7 +20,7 @@ from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.db import transaction
 from signoff.app.keys import create_key
 from signoff.app.models import AuditEvent, utcnow
-from signoff.app.requests.intake import Approvals
+from signoff.app.requests.gate import GateService
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
@@ -373,8 +373,8 @@ async def test_decision_after_the_deadline_expires_the_request(
 ) -> None:
     gate = runtime.config.agents["finance-bot"].hooks[0]
     async with transaction(runtime.sessions) as s:
-        approvals = Approvals(s, runtime.config, now=utcnow() - timedelta(hours=2))
-        await approvals.request_approval(
+        approvals = GateService(s, runtime.config, "finance-bot", now=utcnow() - timedelta(hours=2))
+        await approvals.ask(
             HookContext(agent_id="finance-bot", tool_name="pay_x", arguments={"amount": 90000}), gate
         )
         assert approvals.created is not None

@@ -12,7 +12,7 @@ from sqlmodel import col, select
 
 from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.models import AuditEvent
-from signoff.app.requests.gate import ServerHookServices
+from signoff.app.requests.gate import GateService
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
@@ -84,11 +84,11 @@ async def test_readonly_switch_blocks_matching_tools_until_turned_off(
 async def test_a_hook_is_cut_off_at_its_configured_timeout(
     http: httpx.AsyncClient, agent_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def slow_switch(self: ServerHookServices, name: str) -> bool:
+    async def slow_switch(self: GateService, name: str) -> bool:
         await asyncio.sleep(2)  # within the default timeout (5s), beyond the slow_* guard's (1s)
         return False
 
-    monkeypatch.setattr(ServerHookServices, "is_switch_on", slow_switch)
+    monkeypatch.setattr(GateService, "is_switch_on", slow_switch)
     started = time.monotonic()
     slow = await pre(http, agent_key, "slow_query")
     assert time.monotonic() - started < 1.8

@@ -197,14 +197,15 @@ async def test_an_edit_that_changes_nothing_is_an_approval_as_asked(
     assert (replay["decision"], replay["modified_arguments"]) == ("allow", None)
 
 
-async def test_a_grant_without_the_changed_field_goes_with_an_edit(
-    http: httpx.AsyncClient, agent_key: str
-) -> None:
+async def test_no_grant_goes_with_an_edit(http: httpx.AsyncClient, agent_key: str, runtime: Runtime) -> None:
+    # A grant holds the proposed values: with it, a later call could run as proposed.
     rid = (await ask(http, agent_key))["request_id"]
     answer = await decide(http, rid, arguments={"amount": 5000}, grant={"scope": "agent", "for": "30m"})
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["grant"]["scope"] == "agent"
-    assert answer.json()["changes"][0]["approved"] == 5000
+    assert answer.status_code == 422, answer.text
+    assert "a grant cannot be given with them" in answer.json()["detail"]
+    async with runtime.sessions() as s:
+        assert (await s.exec(select(Vote))).all() == []
+    assert (await decide(http, rid, grant={"scope": "agent", "for": "30m"})).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -217,7 +218,7 @@ async def test_a_grant_without_the_changed_field_goes_with_an_edit(
         ({"arguments": {"memo": "sk-abcdefghijklmnopqrstuvwx"}}, "looks like a secret"),
         (
             {"arguments": {"to": "other"}, "grant": {"scope": "session", "for": "1h"}},
-            "holds to the same cannot be given with a change",
+            "a grant cannot be given with them",
         ),
         ({"verdict": "reject", "arguments": {"amount": 1}}, "with an approval, not a rejection"),
     ],

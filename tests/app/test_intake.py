@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -21,15 +21,15 @@ from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import parse_config
 from signoff.app.db import transaction
 from signoff.app.keys import create_key
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, from_row
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, from_row, utcnow
 from signoff.app.requests import grants, intake
 from signoff.app.requests.eligibility import gates_of
-from signoff.app.requests.gate import ServerHookServices
-from signoff.app.requests.intake import Approvals, NewRequest
+from signoff.app.requests.gate import GateService
+from signoff.app.requests.intake import NewRequest, new_request
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
-from signoff.hooks import Decision, HookContext, HookResult
+from signoff.hooks import Decision, HookContext, HookResult, ServiceUnavailable
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 
 
@@ -61,7 +61,9 @@ def _call(amount: int, key: str | None) -> HookContext:
 
 async def _ask(runtime: Runtime, ctx: HookContext) -> HookResult:
     async with transaction(runtime.sessions) as s:
-        return await Approvals(s, runtime.config, intake=runtime.intake).request_approval(ctx, _gate(runtime))
+        return await GateService(s, runtime.config, ctx.agent_id, intake=runtime.intake).ask(
+            ctx, _gate(runtime)
+        )
 
 
 async def _count(runtime: Runtime, model: Any, *where: Any) -> int:
@@ -118,9 +120,11 @@ async def test_a_key_reused_for_another_call_in_the_same_batch_is_denied(
 
 
 async def test_a_call_the_database_refuses_fails_alone(runtime: Runtime, batches: list[int]) -> None:
-    approvals = Approvals(None, runtime.config)  # type: ignore[arg-type]
-    good = [approvals._prepare(_call(80_000 + i, f"good-{i}"), _gate(runtime)) for i in range(3)]
-    bad = approvals._prepare(_call(80_000, "bad"), _gate(runtime))
+    gates = runtime.config.confirmation_gates("finance-bot")[:1]
+    good = [
+        new_request(_call(80_000 + i, f"good-{i}"), gates, runtime.config, now=utcnow()) for i in range(3)
+    ]
+    bad = new_request(_call(80_000, "bad"), gates, runtime.config, now=utcnow())
     bad.row["tool_name"] = None  # NOT NULL: the database refuses this one row
 
     async def create(new: NewRequest) -> ConfirmationRequest | None:
@@ -155,7 +159,8 @@ async def test_an_unreachable_database_fails_the_whole_batch_once(
         *(_ask(runtime, _call(60_000, f"down-{i}")) for i in range(5)), return_exceptions=True
     )
 
-    assert all(isinstance(r, sa.exc.OperationalError) for r in results)
+    # Each call is told to retry (the route answers 503), naming the database's error.
+    assert all(isinstance(r, ServiceUnavailable) and "OperationalError" in str(r) for r in results)
     assert calls == [5]  # not retried call by call against a database that is down
 
 
@@ -164,7 +169,7 @@ async def test_a_call_with_a_transaction_of_its_own_writes_in_it(
 ) -> None:
     async with transaction(runtime.sessions) as s:
         await s.exec(select(1))  # another hook has begun the call's transaction
-        result = await Approvals(s, runtime.config, intake=runtime.intake).request_approval(
+        result = await GateService(s, runtime.config, "finance-bot", intake=runtime.intake).ask(
             _call(60_000, "own"), _gate(runtime)
         )
         assert result.decision is Decision.PENDING
@@ -226,54 +231,71 @@ _UNNAMED_LIMIT = {"type": "rate_limit", "tools": ["slow_*"], "limit": 100}
 
 
 @pytest.mark.parametrize("joined", [False, True], ids=["through-the-intake", "in-the-call's-transaction"])
-async def test_a_gate_timing_out_while_its_request_is_written_answers_with_that_request(
+async def test_a_request_write_past_the_time_limit_denies_and_is_never_the_answer(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, joined: bool
 ) -> None:
+    """A late write is never the call's answer: the call is denied naming the gate. Written by
+    the intake, the request is committed all the same and a retry under the key finds it;
+    written in the call's own unit of work, it is rolled back with it."""
     real = intake.write_new_requests
+    slow_writes = [True]
 
     async def slow(session: AsyncSession, batch: Sequence[NewRequest]) -> list[ConfirmationRequest | None]:
-        await asyncio.sleep(0.4)  # well past the hooks' 0.1 s timeout
+        if slow_writes[0]:
+            await asyncio.sleep(0.4)  # well past the hooks' 0.1 s timeout
         return await real(session, batch)
 
     monkeypatch.setattr(intake, "write_new_requests", slow)
     # A rate limit first has the call's own transaction begun, so the request joins it.
-    runtime = _slow_bot(settings, [_UNNAMED_LIMIT, _UNNAMED_GATE] if joined else [_UNNAMED_GATE])
+    limit = {**_UNNAMED_LIMIT, "timeout": "10s"}  # only the request's write is slow
+    runtime = _slow_bot(settings, [limit, _UNNAMED_GATE] if joined else [_UNNAMED_GATE])
+    call = {"tool_name": "slow_transfer", "arguments": {"amount": 1}, "idempotency_key": "slow-1"}
     try:
         key = await _slow_bot_key(runtime)
         async with Server(runtime) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-            r = await http.post(
-                "/v1/hooks/pre-tool-use",
-                json={"tool_name": "slow_transfer", "arguments": {"amount": 1}},
-                headers={"Authorization": f"Bearer {key}"},
-            )
+            headers = {"Authorization": f"Bearer {key}"}
+            r = await http.post("/v1/hooks/pre-tool-use", json=call, headers=headers)
             assert r.status_code == 200, r.text
             answer = r.json()
+            assert answer["decision"] == "deny", answer
+            assert (
+                answer["reason"]
+                == "gate 'confirmation_gate[slow_*]' could not record its request within 0.1s"
+            )
+            assert answer["request_id"] is None
+            if joined:
+                assert await _count(runtime, ConfirmationRequest) == 0
+                assert await _count(runtime, Delivery) == 0
+                return
+            await eventually_async(lambda: _count(runtime, ConfirmationRequest))
+            slow_writes[0] = False
+            again = (await http.post("/v1/hooks/pre-tool-use", json=call, headers=headers)).json()
+            assert again["decision"] == "pending", again
             async with runtime.reads() as s:
                 stored = (await s.exec(select(ConfirmationRequest.id, ConfirmationRequest.status))).all()
-                posts = (await s.exec(select(Delivery.request_id).where(col(Delivery.kind) == "post"))).all()
-            # The answer and the database agree: the request that was committed is the answer.
-            assert answer["decision"] == "pending", answer
-            assert [tuple(row) for row in stored] == [(answer["request_id"], "pending")]
-            assert list(posts) == [answer["request_id"]]
-            assert answer["request"]["gate"] == "confirmation_gate[slow_*]"
-            state = await http.get(
-                f"/v1/requests/{answer['request_id']}", headers={"Authorization": f"Bearer {key}"}
-            )
-            assert state.json()["status"] == "pending"
+            assert [tuple(row) for row in stored] == [(again["request_id"], "pending")]
     finally:
         await runtime.aclose()
+
+
+async def eventually_async(check: Callable[[], Awaitable[int]], timeout: float = 10) -> int:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (value := await check()):
+        assert asyncio.get_running_loop().time() < deadline, f"nothing within {timeout:g} s"
+        await asyncio.sleep(0.02)
+    return value
 
 
 async def test_a_hook_that_times_out_is_named_by_its_label(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = ServerHookServices.take_token
+    real = GateService.take_token
 
-    async def slow(self: ServerHookServices, bucket: str, **kw: float) -> float:
+    async def slow(self: GateService, bucket: str, **kw: float) -> float:
         await asyncio.sleep(0.4)
         return await real(self, bucket, **kw)
 
-    monkeypatch.setattr(ServerHookServices, "take_token", slow)
+    monkeypatch.setattr(GateService, "take_token", slow)
     runtime = _slow_bot(settings, [_UNNAMED_LIMIT, _UNNAMED_GATE])
     try:
         key = await _slow_bot_key(runtime)
@@ -306,14 +328,13 @@ def test_each_request_records_its_own_call_and_the_gate_as_configured(targets: l
     of its own call, as stored and as typed; no request's record changes another's, and a new
     configuration records its own gate."""
     config = parse_config(_granting(), source="grants.yaml")
-    (_, gate), *_ = config.confirmation_gates("finance-bot")
-    approvals = Approvals(None, config)  # type: ignore[arg-type]  # _prepare touches no database
+    (_, gate), *_ = keyed = config.confirmation_gates("finance-bot")
     made = []
     for to in targets:
         ctx = HookContext(
             agent_id="finance-bot", tool_name="pay_invoice", arguments={"amount": 90_000, "to": to}
         )
-        new = approvals._prepare(ctx, gate)
+        new = new_request(ctx, keyed[:1], config, now=utcnow())
         made.append((to, copy.deepcopy(new.row["gates"]), new))
     for to, stored_then, new in made:
         digests = grants.argument_digests(gate, {"amount": 90_000, "to": to})
@@ -322,8 +343,8 @@ def test_each_request_records_its_own_call_and_the_gate_as_configured(targets: l
         assert new.gates[0].argument_digests == digests
         assert list(new.gates) == gates_of(from_row(ConfirmationRequest, new.row))
     again = parse_config(_granting(quorum=2), source="grants.yaml")
-    (_, regated), *_ = again.confirmation_gates("finance-bot")
+    rekeyed = again.confirmation_gates("finance-bot")
     ctx = HookContext(agent_id="finance-bot", tool_name="pay_invoice", arguments={"amount": 90_000, "to": 1})
-    new = Approvals(None, again)._prepare(ctx, regated)  # type: ignore[arg-type]
+    new = new_request(ctx, rekeyed[:1], again, now=utcnow())
     assert new.row["gates"][0]["quorum"] == new.gates[0].quorum == 2
     assert new.gates[0].config_version == again.version != config.version

@@ -420,23 +420,43 @@ async def test_a_deny_does_not_rewrite_arguments() -> None:
     assert result.modified_arguments is None
 
 
-@pytest.mark.parametrize(
-    "stop",
-    [HookResult.deny("policy says no"), HookResult(decision=Decision.PENDING, reason="ask", request_id="r1")],
-    ids=["deny", "pending"],
-)
-async def test_the_first_deny_or_pending_stops_the_chain(stop: HookResult) -> None:
+async def test_the_first_deny_stops_the_chain() -> None:
     log: list[str] = []
     hooks = [
         Pre("ok", priority=1, log=log),
-        Pre("stopper", priority=2, answer=stop, log=log),
+        Pre("stopper", priority=2, answer=HookResult.deny("policy says no"), log=log),
         Pre("never", priority=3, answer=HookResult.deny("later"), log=log),
     ]
     result = await HookRegistry(pre_tool_use=hooks).run_pre_tool_use(ctx())
     assert log == ["ok", "stopper"]
-    assert result.decision is stop.decision
-    assert result.reason == stop.reason
-    assert result.request_id == stop.request_id
+    assert (result.decision, result.reason) == (Decision.DENY, "policy says no")
+
+
+@pytest.mark.parametrize("later", ["allow", "pending", "deny"])
+async def test_a_pending_answer_does_not_end_the_chain(later: str) -> None:
+    """Every hook is asked: a later deny still denies a call a human was asked about."""
+    log: list[str] = []
+    answers = {
+        "allow": HookResult(),
+        "pending": HookResult(decision=Decision.PENDING, reason="ask again", request_id="r2"),
+        "deny": HookResult.deny("read-only"),
+    }
+    hooks = [
+        Pre(
+            "gate",
+            priority=1,
+            answer=HookResult(decision=Decision.PENDING, reason="ask", request_id="r1"),
+            log=log,
+        ),
+        Pre("later", priority=2, answer=answers[later], log=log),
+        Pre("ok", priority=3, log=log),
+    ]
+    result = await HookRegistry(pre_tool_use=hooks).run_pre_tool_use(ctx())
+    assert log == (["gate", "later"] if later == "deny" else ["gate", "later", "ok"])
+    if later == "deny":
+        assert (result.decision, result.reason) == (Decision.DENY, "read-only")
+    else:
+        assert (result.decision, result.reason, result.request_id) == (Decision.PENDING, "ask", "r1")
 
 
 # --- post-tool-use and session-start --------------------------------------------------------------
