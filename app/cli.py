@@ -141,9 +141,11 @@ def _with_session(
     routes = config.subscribers if config is not None else None
 
     async def run() -> T:
+        from signoff.app import webhooks
+
         engine = create_engine(settings.database_url)
         try:
-            async with transaction(sessionmaker(engine, webhooks=routes)) as session:
+            async with transaction(sessionmaker(engine, webhooks=routes, events=webhooks.owe)) as session:
                 return await work(session, settings)
         finally:
             await engine.dispose()

@@ -49,6 +49,10 @@ HOOK_TYPES = (
 )
 
 __all__ = [
+    "GRANT_CREATED",
+    "GRANT_REVOKED",
+    "REQUEST_CREATED",
+    "REQUEST_DECIDED",
     "WEBHOOK_EVENTS",
     "AgentConfig",
     "ConfigError",
@@ -152,7 +156,12 @@ class Operator(BaseModel):
     """Their key in ``people`` (defaults to the operator's own name)."""
 
 
-WEBHOOK_EVENTS = ("request.created", "request.decided", "grant.created", "grant.revoked")
+REQUEST_CREATED = "request.created"
+REQUEST_DECIDED = "request.decided"
+GRANT_CREATED = "grant.created"
+GRANT_REVOKED = "grant.revoked"
+WEBHOOK_EVENTS = (REQUEST_CREATED, REQUEST_DECIDED, GRANT_CREATED, GRANT_REVOKED)
+"""The events a request or a grant emits (:func:`signoff.app.db.emit`), which webhooks subscribe to."""
 """The events a webhook may subscribe to."""
 WEBHOOK_SECRET_PREFIX = "whsec_"
 _WEBHOOK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")

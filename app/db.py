@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from signoff.app.sqlite import create_engine as sqlite_engine
 __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
+    "Events",
     "Session",
     "Subscribers",
     "Wakeups",
@@ -41,6 +43,7 @@ __all__ = [
     "before_commit",
     "create_engine",
     "dialect_of",
+    "emit",
     "insert_ignoring",
     "is_sqlite",
     "migrate",
@@ -125,6 +128,15 @@ def _no_webhooks(_: str) -> Sequence[str]:
     return ()
 
 
+Events = Callable[["AsyncSession", str, Sequence[str], datetime], None]
+"""What a unit of work does with an event it emits (:func:`emit`): the server owes it to the
+webhooks subscribed to it (:func:`signoff.app.webhooks.owe`)."""
+
+
+def _no_events(*_: object) -> None:
+    pass
+
+
 @dataclass(frozen=True, slots=True)
 class Wakeups:
     """Whom a commit wakes in this process: the agents waiting on the requests it decided,
@@ -144,10 +156,13 @@ class Session(sqlmodel.Session):
         *args: Any,
         wakeups: Wakeups | None = None,
         webhooks: Subscribers | None = None,
+        events: Events | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
         self.wakeups = wakeups or Wakeups()
+        self.events = events or _no_events
+        """What this session does with the events it emits; sessions made without drop them."""
         self.webhooks = webhooks or _no_webhooks
         """Whom this session's events go to; sessions made without send none."""
         self.owed: list[tuple[SessionTransaction | None, Callable[[], object]]] = []
@@ -256,10 +271,15 @@ def wake_after_commit(session: AsyncSession, *, decided: Sequence[str] = (), que
 
 
 def sessionmaker(
-    engine: AsyncEngine, *, wakeups: Wakeups | None = None, webhooks: Subscribers | None = None
+    engine: AsyncEngine,
+    *,
+    wakeups: Wakeups | None = None,
+    webhooks: Subscribers | None = None,
+    events: Events | None = None,
 ) -> async_sessionmaker[AsyncSession]:
     """Sessions on ``engine`` whose commits wake ``wakeups`` and whose events (request created,
-    decided, grant created, revoked) are owed to the webhooks ``webhooks`` names (none without)."""
+    decided, grant created, revoked) go to ``events`` (nowhere without), for the webhooks
+    ``webhooks`` names."""
     return async_sessionmaker(
         engine,
         class_=AsyncSession,
@@ -267,7 +287,15 @@ def sessionmaker(
         expire_on_commit=False,
         wakeups=wakeups or Wakeups(),
         webhooks=webhooks or _no_webhooks,
+        events=events or _no_events,
     )
+
+
+def emit(session: AsyncSession, event: str, ids: Sequence[str], *, now: datetime) -> None:
+    """Emit ``event`` about the requests or grants ``ids`` from ``session``'s unit of work (see
+    :func:`sessionmaker`); what it causes is written in the same transaction."""
+    if ids:
+        _sync(session).events(session, event, ids, now)
 
 
 async def _run_before_commit(session: AsyncSession) -> None:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, metrics, replicas
+from signoff.app import audit, metrics, replicas, webhooks
 from signoff.app.channel_types import build_channel, needs_links
 from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import Wakeups, create_engine, is_sqlite, sessionmaker, transaction
@@ -175,7 +175,10 @@ class Runtime:
             return (runtime.config if runtime is not None else config).subscribers(event)
 
         sessions = sessionmaker(
-            engine, wakeups=Wakeups(decided=hub.notify, queued=outbox_wake.set), webhooks=subscribers
+            engine,
+            wakeups=Wakeups(decided=hub.notify, queued=outbox_wake.set),
+            webhooks=subscribers,
+            events=webhooks.owe,
         )
         # PostgreSQL: reads in autocommit, as READ COMMITTED gives each statement its own
         # snapshot anyway, without the BEGIN and ROLLBACK round trips.

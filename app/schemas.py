@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -15,9 +15,6 @@ from signoff.app.requests.edits import argument_changes, editable_fields, execut
 from signoff.app.requests.eligibility import GateSnapshot, gates_of
 from signoff.app.requests.single_use import valid_for
 from signoff.channels import ABSENT, MAX_GRANT_FIELDS, MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem
-
-if TYPE_CHECKING:
-    from signoff.app.runtime import Reload
 
 
 def _storable(value: str) -> str:
@@ -95,23 +92,14 @@ class SwitchOut(BaseModel):
 class ReloadOut(BaseModel):
     """A configuration reload: the version in force and, when refused, every problem."""
 
+    model_config = ConfigDict(from_attributes=True)
+
     ok: bool
     version: str
     loaded_at: datetime
     problems: list[str]
     rebuilt: list[str]
     closed: list[str]
-
-    @classmethod
-    def of(cls, done: Reload) -> ReloadOut:
-        return cls(
-            ok=done.ok,
-            version=done.version,
-            loaded_at=done.loaded_at,
-            problems=list(done.problems),
-            rebuilt=list(done.rebuilt),
-            closed=list(done.closed),
-        )
 
 
 class Decider(BaseModel):

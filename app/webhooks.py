@@ -29,7 +29,7 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 from standardwebhooks import Webhook
 
-from signoff.app.config import WebhookConfig
+from signoff.app.config import GRANT_CREATED, GRANT_REVOKED, REQUEST_CREATED, REQUEST_DECIDED, WebhookConfig
 from signoff.app.db import before_commit, subscribers
 from signoff.app.deliveries import WEBHOOK, owed_delivery, queue_deliveries
 from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
@@ -48,10 +48,6 @@ __all__ = [
     "signed_headers",
 ]
 
-REQUEST_CREATED = "request.created"
-REQUEST_DECIDED = "request.decided"
-GRANT_CREATED = "grant.created"
-GRANT_REVOKED = "grant.revoked"
 _ABOUT_GRANTS = (GRANT_CREATED, GRANT_REVOKED)
 
 MAX_RETRY_AFTER = 3600.0
@@ -61,7 +57,7 @@ MAX_ANSWER_BYTES = 4096
 """How much of a receiver's answer is read (for the error it names); the rest is never read."""
 
 
-def owe(session: AsyncSession, event: str, ids: Sequence[str], *, now: datetime) -> None:
+def owe(session: AsyncSession, event: str, ids: Sequence[str], now: datetime) -> None:
     """Owe ``event`` about the requests (``request.*``) or grants (``grant.*``) ``ids`` to every
     webhook subscribed to it, in ``session``'s transaction. The rows are written just before it
     commits, showing what the transaction leaves; nothing is written if no webhook subscribes."""

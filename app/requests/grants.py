@@ -38,11 +38,11 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, webhooks
+from signoff.app import audit
 from signoff.app.audit import Action, Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
-from signoff.app.config import SignoffConfig
-from signoff.app.db import core_row
+from signoff.app.config import GRANT_CREATED, GRANT_REVOKED, SignoffConfig
+from signoff.app.db import core_row, emit
 from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
 from signoff.app.requests.canonical import canonical
 from signoff.app.requests.eligibility import GateSnapshot, Voter, gates_of, is_requester
@@ -223,7 +223,7 @@ async def create_for_approval(
             for g in made
         ],
     )
-    webhooks.owe(session, webhooks.GRANT_CREATED, [g.id for g in made], now=now)
+    emit(session, GRANT_CREATED, [g.id for g in made], now=now)
     return made
 
 
@@ -364,7 +364,7 @@ async def revoke(
             "expired": grant.expires_at <= now,
         },
     )
-    webhooks.owe(session, webhooks.GRANT_REVOKED, [grant.id], now=now)
+    emit(session, GRANT_REVOKED, [grant.id], now=now)
     return grant, True
 
 

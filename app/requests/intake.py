@@ -28,11 +28,11 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, webhooks
+from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
-from signoff.app.config import SignoffConfig
-from signoff.app.db import dialect_of, insert_ignoring, transaction
+from signoff.app.config import REQUEST_CREATED, SignoffConfig
+from signoff.app.db import dialect_of, emit, insert_ignoring, transaction
 from signoff.app.deliveries import owed_delivery, queue_deliveries
 from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.redaction import redact
@@ -109,7 +109,7 @@ async def write_new_requests(
     )
     if new:
         created = max(n.row["created_at"] for n in new)
-        webhooks.owe(session, webhooks.REQUEST_CREATED, [n.id for n in new], now=created)
+        emit(session, REQUEST_CREATED, [n.id for n in new], now=created)
     # The audit events last: on PostgreSQL the head row is locked until commit.
     await audit.append_many(
         session,

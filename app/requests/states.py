@@ -21,9 +21,10 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, webhooks
+from signoff.app import audit
 from signoff.app.audit import Actor
-from signoff.app.db import dialect_of, wake_after_commit
+from signoff.app.config import REQUEST_DECIDED
+from signoff.app.db import dialect_of, emit, wake_after_commit
 from signoff.app.deliveries import owed_delivery, queue_deliveries  # also offered from here
 from signoff.app.metrics import DECISION_SECONDS, DECISIONS
 from signoff.app.models import (
@@ -130,7 +131,7 @@ async def _mark_decided(
     if not request_ids:
         return
     wake_after_commit(session, decided=request_ids)
-    webhooks.owe(session, webhooks.REQUEST_DECIDED, request_ids, now=now)
+    emit(session, REQUEST_DECIDED, request_ids, now=now)
     if not notified and _on_postgres(session):
         for i in range(0, len(request_ids), NOTIFY_BATCH):
             payload = ",".join(request_ids[i : i + NOTIFY_BATCH])

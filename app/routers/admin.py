@@ -193,7 +193,7 @@ async def read_config(runtime: RuntimeDep, session: ReadsDep) -> dict[str, Any]:
 async def reload_config(runtime: RuntimeDep) -> JSONResponse:
     """Reload ``SIGNOFF_CONFIG``: a file with problems changes nothing and answers 422 naming each."""
     done = await runtime.reload()
-    body = ReloadOut.of(done)
+    body = ReloadOut.model_validate(done)
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if done.ok else 422)
 
 
