@@ -130,7 +130,8 @@ class HookServices(Protocol):
     """The server side of the built-in hooks, bound to the call's transaction."""
 
     async def request_approval(self, ctx: HookContext, gate: Any) -> HookResult:
-        """Create (or find, by idempotency key) a confirmation request; return its decision."""
+        """The decision for the call ``gate`` is one of: allow, deny, or pending (people must
+        decide; the server writes the request once every hook has run)."""
         ...
 
     async def is_switch_on(self, name: str) -> bool:

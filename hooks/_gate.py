@@ -48,13 +48,13 @@ __all__ = [
     "ToolCall",
     "TransportFailure",
     "approved_edits",
-    "call_digest",
     "cancel_flow",
     "describe_changes",
     "describe_request",
     "gate_flow",
     "interpret_request",
     "interpret_submit",
+    "key_digest",
     "make_idempotency_key",
     "report_body",
     "report_flow",
@@ -202,7 +202,7 @@ def make_idempotency_key(runtime: str, session: str | None, tool_call_id: str | 
     return f"{runtime}:{session}:{tool_call_id}"
 
 
-def call_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
+def key_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
     """A short digest of the call (tool name and canonical arguments), to put in a key so that
     the key can only ever stand for this one call."""
     import hashlib

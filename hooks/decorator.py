@@ -41,8 +41,8 @@ from typing import Any, ParamSpec, TypeVar, cast
 from signoff.hooks._gate import (
     GateDecision,
     GateUnavailable,
-    call_digest,
     describe_changes,
+    key_digest,
     make_idempotency_key,
 )
 from signoff.hooks.client import AsyncGateClient, GateClient
@@ -62,7 +62,7 @@ def call_key(key: str, action: str, arguments: Mapping[str, Any]) -> str:
     stand for two different calls. Use it to ask about the same call yourself (for
     example with ``wait=False`` first, to show who must decide).
     """
-    return f"{key}:{call_digest(action, arguments)}"
+    return f"{key}:{key_digest(action, arguments)}"
 
 
 def _key(

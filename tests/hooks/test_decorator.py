@@ -6,7 +6,7 @@ from typing import Any
 import httpx
 import pytest
 
-from signoff.hooks._gate import call_digest
+from signoff.hooks._gate import key_digest
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDenied, GateTimeout, GateUnavailable
 from signoff.hooks.decorator import agated, call_key, gate, gated
 from tests.hooks.signoff_fakes import KEY, URL, Scripted, pending, state, submitted
@@ -116,7 +116,7 @@ def test_a_key_given_always_carries_a_digest_of_the_call() -> None:
     pay("inv-9", 90_000)
     other()
     keys = [b["idempotency_key"] for b in fake.bodies()]
-    assert keys[0] == keys[1] == f"pay:inv-9:{call_digest('pay', {'invoice_id': 'inv-9', 'amount': 3})}"
+    assert keys[0] == keys[1] == f"pay:inv-9:{key_digest('pay', {'invoice_id': 'inv-9', 'amount': 3})}"
     assert keys[2] == call_key("pay:inv-9", "pay", {"invoice_id": "inv-9", "amount": 90_000})
     assert keys[2] != keys[0], "other arguments, another call: one approval never covers both"
     assert keys[3] == call_key("fixed-key", "other", {})
