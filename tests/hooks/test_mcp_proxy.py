@@ -1131,3 +1131,21 @@ def test_without_signoff_configured_it_refuses_to_start(tmp_path: Path) -> None:
         "signoff-mcp-proxy: Signoff is not configured: set SIGNOFF_URL in the proxy's environment"
     )
     assert not (tmp_path / "upstream.pid").exists(), "no upstream is started for a proxy that cannot gate"
+
+
+def test_a_signoff_of_the_projects_own_that_breaks_on_import_stops_it(tmp_path: Path) -> None:
+    """The console script starts outside the ``signoff`` namespace: a project's own ``signoff``
+    hiding it is one line and exit 2, never a traceback, and no upstream is started."""
+    (tmp_path / "project" / "signoff").mkdir(parents=True)
+    (tmp_path / "project" / "signoff" / "__init__.py").write_text("raise RuntimeError('not signoff-hooks')\n")
+    proxy = Path(sys.executable).with_name("signoff-mcp-proxy")
+    env = proxy_env("http://127.0.0.1:9", KEY, PYTHONPATH=str(tmp_path / "project"))
+    done = subprocess.run(
+        [str(proxy), *proxy_args(tmp_path)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"signoff-mcp-proxy: a package named 'signoff' at {tmp_path}/project/signoff shadows signoff-hooks; "
+        f"rename it, or take {tmp_path}/project off the Python path (PYTHONPATH)\n",
+    )
+    assert not (tmp_path / "upstream.pid").exists()
