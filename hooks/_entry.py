@@ -1,8 +1,10 @@
 """The ``signoff-hook`` console script: ``signoff-hook claude-code [--timeout S] …``.
 
-Nothing is imported before the ``try``: a hook that fails to import (a broken
-install, a missing dependency) must still exit 2, the one exit code with which
-Claude Code blocks the call rather than running the tool.
+The script starts in the top-level ``_signoff_hooks_entry``, which exits 2 if this module
+cannot be loaded (a ``signoff`` package of the project's own hiding it, say). Nothing is
+imported here before the ``try`` either: a hook whose adapter fails to import (a broken
+install, a missing dependency) must still exit 2, the one exit code with which Claude Code
+blocks the call rather than running the tool.
 """
 
 import sys

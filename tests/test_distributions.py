@@ -53,11 +53,15 @@ def test_both_distributions_are_versioned_together() -> None:
     assert hooks["dependencies"] == ["httpx>=0.27"]
 
 
-@pytest.mark.parametrize("name", ["signoff", "signoff_hooks"])
-def test_a_wheel_puts_nothing_but_signoff_at_the_top_level(dist: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "entry"), [("signoff", set()), ("signoff_hooks", {"_signoff_hooks_entry.py"})]
+)
+def test_a_wheel_puts_nothing_but_signoff_and_the_scripts_entry_at_the_top_level(
+    dist: Path, name: str, entry: set[str]
+) -> None:
     (wheel,) = dist.glob(f"{name}-{VERSION}-*.whl")
     tops = {entry.split("/")[0] for entry in zipfile.ZipFile(wheel).namelist()}
-    assert tops == {"signoff", f"{name}-{VERSION}.dist-info"}
+    assert tops == {"signoff", f"{name}-{VERSION}.dist-info", *entry}
     # ``signoff`` is a namespace both distributions share: neither owns an __init__.py in it.
     assert "signoff/__init__.py" not in zipfile.ZipFile(wheel).namelist()
 
@@ -71,12 +75,51 @@ def test_the_source_folders_all_ship(dist: Path) -> None:
     for source in tracked:
         if source in {"hooks/pyproject.toml", "hooks/README.md"}:
             continue
+        if source.startswith("hooks/_console/"):  # the console scripts' top-level module
+            assert source.removeprefix("hooks/_console/") in shipped, source
+            continue
         assert f"signoff/{source}" in shipped, source
 
 
-def test_signoff_hooks_alone_needs_only_httpx(dist: Path, tmp_path: Path) -> None:
-    python = venv(tmp_path / "agent")
+BASH_CALL = '{"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {}}'
+UNREACHABLE = {"SIGNOFF_URL": "http://127.0.0.1:9", "SIGNOFF_API_KEY": "k", "PATH": "/usr/bin:/bin"}
+SHADOWS = {
+    "package": ("signoff/__init__.py", "a package named 'signoff' at {project}/signoff"),
+    "module": ("signoff.py", "a module named 'signoff' at {project}/signoff.py"),
+    "hooks package": (
+        "signoff/hooks/__init__.py",
+        "a package named 'signoff.hooks' at {project}/signoff/hooks",
+    ),
+}
+
+
+def script(
+    agent: Path, *args: str, cwd: Path | None = None, stdin: str = "", **env: str
+) -> tuple[int, str, str]:
+    """One of the installed console scripts, run as a client runs it."""
+    done = subprocess.run(
+        [str(agent / args[0]), *args[1:]],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+        env={**UNREACHABLE, **env},
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.fixture(scope="module")
+def agent(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtualenv holding signoff-hooks alone, as an agent installs it: its ``bin``."""
+    python = venv(tmp_path_factory.mktemp("agent") / "venv")
     run(python, "-m", "pip", "install", "--quiet", "--find-links", dist, f"signoff-hooks=={VERSION}")
+    return python.parent
+
+
+def test_signoff_hooks_alone_needs_only_httpx(agent: Path) -> None:
+    python = agent / "python"
     assert installed(python) - HTTPX_AND_ITS_OWN == {"signoff-hooks"}
     run(
         python,
@@ -100,27 +143,55 @@ def test_signoff_hooks_alone_needs_only_httpx(dist: Path, tmp_path: Path) -> Non
         )
         assert missing.returncode == 1
         assert f"pip install 'signoff-hooks[{extra}]'" in missing.stderr
-    hook = subprocess.run(
-        [str(tmp_path / "agent" / "bin" / "signoff-hook"), "claude-code", "--submit-deadline", "0.5"],
-        input='{"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {}}',
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={"SIGNOFF_URL": "http://127.0.0.1:9", "SIGNOFF_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+    code, _, err = script(agent, "signoff-hook", "claude-code", "--submit-deadline", "0.5", stdin=BASH_CALL)
+    assert code == 2
+    assert "refused the connection" in err
+    code, _, err = script(agent, "signoff-mcp-proxy", "--name", "x", "--", "true")
+    assert code == 2
+    assert err.strip().endswith("pip install 'signoff-hooks[mcp]'")
+
+
+@pytest.mark.parametrize("on_path", ["by PYTHONPATH", "as the current directory"])
+@pytest.mark.parametrize("shadow", list(SHADOWS))
+def test_a_projects_own_signoff_blocks_the_hook_and_stops_the_proxy(
+    agent: Path, tmp_path: Path, shadow: str, on_path: str
+) -> None:
+    """Both scripts start outside the ``signoff`` namespace: a ``signoff`` of the project's own
+    that hides signoff-hooks' exits 2 (the call blocked, the proxy not started) with one line
+    saying which file it is and what to do, never exit 1 (which runs the tool)."""
+    project = tmp_path / "project"
+    shadowing, named = SHADOWS[shadow]
+    (project / shadowing).parent.mkdir(parents=True, exist_ok=True)
+    (project / shadowing).write_text("")
+    if on_path == "by PYTHONPATH":
+        cwd, pythonpath, entry = tmp_path, str(project), str(project)
+    else:
+        cwd, pythonpath, entry = project, ".", f"{project} (the current directory)"
+    why = (
+        f"{named.format(project=project)} shadows signoff-hooks; "
+        f"rename it, or take {entry} off the Python path (PYTHONPATH)"
     )
-    assert hook.returncode == 2
-    assert "refused the connection" in hook.stderr
-    proxy = subprocess.run(
-        [str(tmp_path / "agent" / "bin" / "signoff-mcp-proxy"), "--name", "x", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={"SIGNOFF_URL": "http://127.0.0.1:9", "SIGNOFF_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+    hook = script(agent, "signoff-hook", "claude-code", cwd=cwd, stdin=BASH_CALL, PYTHONPATH=pythonpath)
+    assert hook == (2, "", f"Blocked by the Signoff approval hook: {why}\n")
+    proxy = script(agent, "signoff-mcp-proxy", "--name", "x", "--", "true", cwd=cwd, PYTHONPATH=pythonpath)
+    assert proxy == (2, "", f"signoff-mcp-proxy: {why}\n")
+
+
+def test_a_signoff_package_in_the_project_directory_alone_shadows_nothing(
+    agent: Path, tmp_path: Path
+) -> None:
+    """Claude Code runs hooks from the project directory, which is not on a console script's
+    path: the hook and the proxy load as they would anywhere else."""
+    (tmp_path / "signoff").mkdir()
+    (tmp_path / "signoff" / "__init__.py").write_text("raise RuntimeError('the project imported')\n")
+    code, _, err = script(
+        agent, "signoff-hook", "claude-code", "--submit-deadline", "0.5", cwd=tmp_path, stdin=BASH_CALL
     )
-    assert proxy.returncode == 2
-    assert proxy.stderr.strip().endswith("pip install 'signoff-hooks[mcp]'")
+    assert code == 2
+    assert "refused the connection" in err
+    code, _, err = script(agent, "signoff-mcp-proxy", "--name", "x", "--", "true", cwd=tmp_path)
+    assert code == 2
+    assert err.strip().endswith("pip install 'signoff-hooks[mcp]'")
 
 
 @pytest.mark.parametrize(

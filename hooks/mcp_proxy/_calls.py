@@ -6,8 +6,10 @@ Nothing here imports the MCP SDK, so it is tested on its own.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -42,40 +44,48 @@ class Claim(NamedTuple):
     """The idempotency key one ``tools/call`` asks Signoff under."""
 
     call: str
-    """The call's identity: a hash of server, tool, canonical arguments and client session."""
+    """The call's identity: a hash of server, tool, canonical arguments and session."""
     key: str
 
 
 class CallLedger:
     """Which idempotency key each ``tools/call`` uses, so that a retry re-attaches and a new call asks anew.
 
-    A call's identity is a hash of the proxy's name, the tool, its canonical arguments
-    and the client's session; its keys are that identity and a generation. A call left
-    undecided (still pending after ``--hold``, Signoff unreachable, the client gave up)
-    is *parked*: the next call with the same identity takes over its key, so Signoff
-    answers about the same request instead of asking the approvers again. A call that ran,
-    or that Signoff refused, is simply not parked: the next identical call takes the next
-    generation, a new key that needs its own approval. Concurrent identical calls each get
-    a key of their own.
+    One ledger serves one proxy process, under a random id of its own (:attr:`run`). A
+    call's identity is a hash of the proxy's name, the tool, its canonical arguments and
+    the session it is made in (:meth:`session`: the process's, and the client's when it
+    has one); each new call's key is that identity and a number the ledger never hands
+    out twice. A call left undecided (still pending after ``--hold``, Signoff unreachable,
+    the client gave up) is *parked*: the next call with the same identity takes over its
+    key, so Signoff answers about the same request instead of asking the approvers again.
+    A call that ran, or that Signoff refused, is simply not parked: the next identical call
+    gets a new key, which needs its own approval. Concurrent identical calls each get a key
+    of their own.
 
-    Keys do not depend on the proxy process: after a restart, a retry of a call still
-    waiting re-attaches to its request, and a call whose approval an earlier run used up
-    (Signoff says so: the request is approved yet the answer is deny) moves on with
-    :meth:`spent` to the next generation.
+    Keys never outlive the process: a new proxy process (a client's new session, a
+    restart) shares no key with an earlier one, so a call refused, run or left waiting
+    there is asked anew, never answered from the earlier run's request.
     """
 
     def __init__(self, server: str, *, limit: int = 10_000) -> None:
         self.server = server
         self.limit = limit
+        self.run = uuid.uuid4().hex
+        """This process's id: in every session, so in every key."""
         self._parked: OrderedDict[str, list[str]] = OrderedDict()
-        self._next: OrderedDict[str, int] = OrderedDict()
+        self._numbers = itertools.count(1)
 
-    def identity(self, tool: str, arguments: Mapping[str, Any], session: str | None) -> str:
+    def session(self, client: str | None) -> str:
+        """The session id Signoff is given for a call of ``client`` (its session, if it has one)."""
+        return f"mcp:{self.server}:{self.run}" + (f":{client}" if client else "")
+
+    def identity(self, tool: str, arguments: Mapping[str, Any], session: str) -> str:
         material = json.dumps([self.server, tool, canonical_arguments(arguments), session])
         return hashlib.sha256(material.encode()).hexdigest()[:32]
 
-    def claim(self, tool: str, arguments: Mapping[str, Any], session: str | None) -> Claim:
-        """The key for this call: a parked one of the same identity, else a new one."""
+    def claim(self, tool: str, arguments: Mapping[str, Any], session: str) -> Claim:
+        """The key for this call in ``session`` (from :meth:`session`): a parked one of the
+        same identity, else a new one."""
         call = self.identity(tool, arguments, session)
         parked = self._parked.get(call)
         if parked:
@@ -83,18 +93,12 @@ class CallLedger:
             if not parked:
                 del self._parked[call]
             return Claim(call, key)
-        return self._fresh(call)
+        return self.renew(call)
 
-    def spent(self, claim: Claim) -> Claim:
-        """``claim``'s key belongs to a call that already ran: the key of the next generation."""
-        return self._fresh(claim.call)
-
-    def _fresh(self, call: str) -> Claim:
-        generation = self._next.pop(call, 1)
-        self._next[call] = generation + 1
-        while len(self._next) > self.limit:
-            self._next.popitem(last=False)
-        return Claim(call, f"mcp:{self.server}:{call}:{generation}")
+    def renew(self, call: str) -> Claim:
+        """A new key for ``call``: for a new call, or for one whose key's approval allows nothing
+        more (it lapsed while the call was parked)."""
+        return Claim(call, f"mcp:{self.server}:{call}:{next(self._numbers)}")
 
     def park(self, claim: Claim) -> None:
         """The call ended undecided: its retry re-attaches to the same request."""

@@ -16,7 +16,6 @@ import hashlib
 import logging
 import os
 import sys
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
@@ -72,8 +71,6 @@ PROGRESS_EVERY = 5.0
 """Seconds between progress notifications while a call waits for a person."""
 REPORT_FLUSH = 3.0
 """Seconds reports of executed calls may still take when the proxy stops."""
-SPENT_SKIPS = 64
-"""Keys of earlier runs' executed calls a call steps past, at most, to reach its own."""
 
 _Request = types.Request[dict[str, Any] | None, str]
 
@@ -332,8 +329,8 @@ def _has_progress_token(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 
 def _spent(decision: GateDecision) -> bool:
-    """Whether Signoff refused the key because its approval was already used (or lapsed):
-    the request is approved, the answer deny. The key is an earlier call's, not this one's."""
+    """Whether Signoff refused the key because its approval allows nothing more (it lapsed, or
+    was used): the request is approved, the answer deny. A new key asks anew."""
     request = decision.request or {}
     return not decision.allowed and decision.failure is None and request.get("status") == "approved"
 
@@ -369,8 +366,6 @@ class GatingProxy:
         self.upstream = upstream
         self.gate = gate
         self.clients = clients
-        self.run_id = uuid.uuid4().hex[:16]
-        """Names this process's session with Signoff when the client has none of its own."""
         self.ledger = CallLedger(config.name)
         self.server = _MirrorServer(upstream.init)
         # No per-message tracing span: the proxy adds as little as it can to each call. The
@@ -669,11 +664,10 @@ class GatingProxy:
 
     # -- gating
 
-    def _session(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str | None, str]:
-        """The client's session (hashed ``Mcp-Session-Id``), and the session id Signoff is given."""
+    def _session(self, ctx: ServerRequestContext[Any, Any]) -> str:
+        """The session id Signoff is given: this process's, and the client's (hashed ``Mcp-Session-Id``)."""
         raw = connection_key(ctx)
-        client = hashlib.sha256(raw.encode()).hexdigest()[:16] if raw else None
-        return client, f"mcp:{self.config.name}:{self.run_id}" + (f":{client}" if client else "")
+        return self.ledger.session(hashlib.sha256(raw.encode()).hexdigest()[:16] if raw else None)
 
     def _metadata(self, ctx: ServerRequestContext[Any, Any], tool: str) -> dict[str, Any]:
         meta: dict[str, Any] = {"runtime": "mcp", "mcp_server": self.config.name, "mcp_tool": tool}
@@ -697,8 +691,8 @@ class GatingProxy:
         arguments = dict(params.arguments or {})
         started = anyio.current_time()
         try:
-            client_session, session_id = self._session(ctx)
-            claim = self.ledger.claim(params.name, arguments, client_session)
+            session_id = self._session(ctx)
+            claim = self.ledger.claim(params.name, arguments, session_id)
             metadata = self._metadata(ctx, params.name)
         except Exception as exc:
             log.exception("the proxy failed before asking Signoff; the call is refused")
@@ -706,10 +700,8 @@ class GatingProxy:
         ask = {"session_id": session_id, "idempotency_key": claim.key, "metadata": metadata}
         try:
             decision = await self._decide(ctx, tool, arguments, ask, started)
-            for _ in range(SPENT_SKIPS):
-                if not _spent(decision):
-                    break
-                claim = self.ledger.spent(claim)  # an earlier run of the proxy made this call
+            if _spent(decision):
+                claim = self.ledger.renew(claim.call)  # a parked call's approval lapsed: ask anew
                 ask["idempotency_key"] = claim.key
                 decision = await self._decide(ctx, tool, arguments, ask, started)
         except Exception as exc:
@@ -768,8 +760,6 @@ class GatingProxy:
             return
 
     def _refusal(self, tool: str, decision: GateDecision, claim: Claim) -> types.CallToolResult:
-        # A spent answer after SPENT_SKIPS generations is refused as it stands; the ledger
-        # has moved on, so the next identical call asks anew.
         if decision.pending or decision.failure is GateFailure.TIMEOUT:
             self.ledger.park(claim)
             text = waiting_text(tool, decision.request_id, self.config.hold)

@@ -249,6 +249,22 @@ async def test_a_broken_dependency_blocks_with_exit_2(tmp_path: Path) -> None:
     assert "httpx is broken" in err
 
 
+async def test_a_signoff_of_the_projects_own_blocks_with_exit_2(tmp_path: Path) -> None:
+    """The console script starts outside the ``signoff`` namespace, so a project's own
+    ``signoff`` found first (here one that breaks on import) blocks the call with one line
+    naming it and the fix, rather than dying with exit 1, which runs the tool."""
+    (tmp_path / "signoff").mkdir()
+    (tmp_path / "signoff" / "__init__.py").write_text("raise RuntimeError('not signoff-hooks')\n")
+    env = hook_env("https://signoff.example.com", PYTHONPATH=".")
+    code, out, err = await finish(await start_hook(env, GATED, cwd=tmp_path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"Blocked by the Signoff approval hook: a package named 'signoff' at {tmp_path}/signoff shadows "
+        f"signoff-hooks; rename it, or take {tmp_path} (the current directory) off the Python path "
+        "(PYTHONPATH)\n"
+    )
+
+
 def test_an_import_failure_of_the_hook_itself_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
     from signoff.hooks._entry import run_claude_code
 

@@ -763,7 +763,7 @@ async def test_a_call_held_past_hold_waits_and_its_retry_reattaches(
     assert len(calls()) == 1
 
 
-async def test_a_retry_after_the_proxy_restarts_reattaches_and_a_used_approval_is_stepped_past(
+async def test_a_new_proxy_process_asks_anew_what_an_earlier_one_asked(
     server: Server,
     agent_key: str,
     runtime: Runtime,
@@ -771,29 +771,69 @@ async def test_a_retry_after_the_proxy_restarts_reattaches_and_a_used_approval_i
     tmp_path: Path,
     calls: Callable[[], list[dict[str, Any]]],
 ) -> None:
-    """Keys do not depend on the proxy process: the call still waiting when the proxy stops
-    is the one its retry waits on after a restart, and once that approval was used, the
-    same call after another restart is a new call (not a replay, not refused as used)."""
+    """Keys belong to the proxy process: a call identical to one refused in an earlier process
+    (a new ``claude -p`` session, a restart) is a new request that somebody is asked about,
+    never denied at once with the old reason; nor does it wait on a request an earlier
+    process left pending."""
     async with admin_client(server.url, admin_headers) as admin:
-        async with proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client:
-            first = await client.call_tool("pay_invoice", BIG)
-        (rid,) = await pending_ids(runtime, admin)
-        assert first.meta == {"signoff/decision": "pending", "signoff/request_id": rid}
+        async with proxied(tmp_path, server.url, agent_key, "--hold", "20") as client:
+            call = asyncio.create_task(client.call_tool("pay_invoice", BIG))
+            (rejected,) = await pending_ids(runtime, admin)
+            await vote(runtime, rejected, Verdict.REJECT, "alice", reason="not this quarter")
+            refused = await asyncio.wait_for(call, 15)
+        assert refused.meta == {"signoff/decision": "deny", "signoff/request_id": rejected}
 
         async with proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client:
             again = await client.call_tool("pay_invoice", BIG)
-            assert again.meta == {"signoff/decision": "pending", "signoff/request_id": rid}
-            assert len((await admin.get("/v1/admin/requests")).json()) == 1, "the retry asked nobody again"
-            await vote(runtime, rid, Verdict.APPROVE, "alice")
-            approved = await client.call_tool("pay_invoice", BIG)
-            assert text(approved) == "paid inv-1: 90000"
+        (waiting,) = await pending_ids(runtime, admin)
+        assert again.meta == {"signoff/decision": "pending", "signoff/request_id": waiting}, text(again)
+        assert waiting != rejected
+        assert "not this quarter" not in text(again)
 
         async with proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client:
             later = await client.call_tool("pay_invoice", BIG)
         assert later.meta is not None
         assert later.meta["signoff/decision"] == "pending", text(later)
-        assert later.meta["signoff/request_id"] != rid
-    assert len(calls()) == 1, "the approval ran its call once"
+        assert later.meta["signoff/request_id"] not in {rejected, waiting}
+        assert len((await admin.get("/v1/admin/requests")).json()) == 3
+    assert calls() == []
+
+
+async def test_a_retry_whose_approval_lapsed_while_parked_asks_anew(
+    server: Server,
+    agent_key: str,
+    runtime: Runtime,
+    admin_headers: dict[str, str],
+    tmp_path: Path,
+    calls: Callable[[], list[dict[str, Any]]],
+) -> None:
+    """An approval that lapsed (``approval_valid_for`` after its decision) before the retry
+    came back allows nothing: the retry is asked anew, as a new request, not refused."""
+    from datetime import timedelta
+
+    import sqlalchemy as sa
+
+    from signoff.app.db import transaction
+    from signoff.app.models import ConfirmationRequest, utcnow
+
+    table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
+    async with (
+        proxied(tmp_path, server.url, agent_key, "--hold", "0.5") as client,
+        admin_client(server.url, admin_headers) as admin,
+    ):
+        first = await client.call_tool("pay_invoice", BIG)
+        (rid,) = await pending_ids(runtime, admin)
+        assert first.meta == {"signoff/decision": "pending", "signoff/request_id": rid}
+        await vote(runtime, rid, Verdict.APPROVE, "alice")
+        async with transaction(runtime.sessions) as session:
+            await session.exec(
+                sa.update(table).where(table.c.id == rid).values(decided_at=utcnow() - timedelta(minutes=11))
+            )
+        retry = await client.call_tool("pay_invoice", BIG)
+        assert retry.meta is not None
+        assert retry.meta["signoff/decision"] == "pending", text(retry)
+        assert retry.meta["signoff/request_id"] != rid
+    assert calls() == []
 
 
 async def test_a_call_the_client_gives_up_on_is_reattached_by_its_retry(
@@ -1131,3 +1171,21 @@ def test_without_signoff_configured_it_refuses_to_start(tmp_path: Path) -> None:
         "signoff-mcp-proxy: Signoff is not configured: set SIGNOFF_URL in the proxy's environment"
     )
     assert not (tmp_path / "upstream.pid").exists(), "no upstream is started for a proxy that cannot gate"
+
+
+def test_a_signoff_of_the_projects_own_that_breaks_on_import_stops_it(tmp_path: Path) -> None:
+    """The console script starts outside the ``signoff`` namespace: a project's own ``signoff``
+    hiding it is one line and exit 2, never a traceback, and no upstream is started."""
+    (tmp_path / "project" / "signoff").mkdir(parents=True)
+    (tmp_path / "project" / "signoff" / "__init__.py").write_text("raise RuntimeError('not signoff-hooks')\n")
+    proxy = Path(sys.executable).with_name("signoff-mcp-proxy")
+    env = proxy_env("http://127.0.0.1:9", KEY, PYTHONPATH=str(tmp_path / "project"))
+    done = subprocess.run(
+        [str(proxy), *proxy_args(tmp_path)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"signoff-mcp-proxy: a package named 'signoff' at {tmp_path}/project/signoff shadows signoff-hooks; "
+        f"rename it, or take {tmp_path}/project off the Python path (PYTHONPATH)\n",
+    )
+    assert not (tmp_path / "upstream.pid").exists()

@@ -44,27 +44,29 @@ def test_canonical_arguments_ignore_key_order() -> None:
 
 def test_a_parked_call_is_taken_over_by_its_retry() -> None:
     ledger = CallLedger("up")
-    first = ledger.claim("pay", {"amount": 1, "to": "x"}, None)
+    session = ledger.session(None)
+    first = ledger.claim("pay", {"amount": 1, "to": "x"}, session)
     ledger.park(first)
-    retry = ledger.claim("pay", {"to": "x", "amount": 1}, None)
+    retry = ledger.claim("pay", {"to": "x", "amount": 1}, session)
     assert retry == first
     assert ledger.parked == 0
 
 
 def test_a_call_that_ended_is_not_reused() -> None:
     ledger = CallLedger("up")
-    first = ledger.claim("pay", {"amount": 1}, None)
-    again = ledger.claim("pay", {"amount": 1}, None)
+    first = ledger.claim("pay", {"amount": 1}, ledger.session(None))
+    again = ledger.claim("pay", {"amount": 1}, ledger.session(None))
     assert again.call == first.call
     assert again.key != first.key
 
 
 def test_concurrent_identical_calls_get_keys_of_their_own() -> None:
     ledger = CallLedger("up")
-    parked = ledger.claim("pay", {"amount": 1}, None)
+    session = ledger.session(None)
+    parked = ledger.claim("pay", {"amount": 1}, session)
     ledger.park(parked)
-    one = ledger.claim("pay", {"amount": 1}, None)
-    two = ledger.claim("pay", {"amount": 1}, None)
+    one = ledger.claim("pay", {"amount": 1}, session)
+    two = ledger.claim("pay", {"amount": 1}, session)
     assert one.key == parked.key
     assert two.key != one.key
 
@@ -75,44 +77,64 @@ def test_concurrent_identical_calls_get_keys_of_their_own() -> None:
         (("pay", {"amount": 1}, None), ("pay", {"amount": 2}, None)),
         (("pay", {"amount": 1}, None), ("wire", {"amount": 1}, None)),
         (("pay", {"amount": 1}, "s1"), ("pay", {"amount": 1}, "s2")),
+        (("pay", {"amount": 1}, None), ("pay", {"amount": 1}, "s1")),
     ],
 )
 def test_identity_covers_tool_arguments_and_session(
     a: tuple[str, dict[str, int], str | None], b: tuple[str, dict[str, int], str | None]
 ) -> None:
     ledger = CallLedger("up")
-    parked = ledger.claim(*a)
+    parked = ledger.claim(a[0], a[1], ledger.session(a[2]))
     ledger.park(parked)
-    other = ledger.claim(*b)
+    other = ledger.claim(b[0], b[1], ledger.session(b[2]))
     assert other.call != parked.call
     assert other.key != parked.key
     assert ledger.parked == 1, "a different call does not take over the parked key"
 
 
-def test_keys_are_the_same_in_every_run_and_differ_by_server() -> None:
-    """A restarted proxy asks under the keys the earlier run used, so a retry of a call still
-    waiting re-attaches to its request; another server's calls never share one."""
-    call = ("pay", {"amount": 1}, None)
-    first_run, second_run = CallLedger("up"), CallLedger("up")
-    assert first_run.claim(*call).key == second_run.claim(*call).key
-    assert first_run.claim(*call).key != CallLedger("other").claim(*call).key
-    assert all(k.startswith("mcp:") and len(k) <= 500 for k in (first_run.claim(*call).key,))
+@given(
+    tool=st.sampled_from(["pay", "wire"]),
+    arguments=st.dictionaries(st.sampled_from("abc"), st.integers(), max_size=3),
+    client=st.none() | st.sampled_from(["c1", "c2"]),
+    park=st.booleans(),
+)
+def test_no_two_proxy_processes_share_a_key(
+    tool: str, arguments: dict[str, int], client: str | None, park: bool
+) -> None:
+    """Each process has a ledger of its own: the same call in the same client session is
+    another key in another process (refused, run or left waiting in one, asked anew in the
+    next), and another server's calls never share one."""
+    earlier, later, other = CallLedger("up"), CallLedger("up"), CallLedger("other")
+    first = earlier.claim(tool, arguments, earlier.session(client))
+    if park:
+        earlier.park(first)
+    keys = {
+        first.key,
+        later.claim(tool, arguments, later.session(client)).key,
+        other.claim(tool, arguments, other.session(client)).key,
+    }
+    assert len(keys) == 3
+    assert earlier.session(client) != later.session(client)
+    assert all(k.startswith("mcp:") and len(k) <= 500 for k in keys)
+    assert all(len(ledger.session(client)) <= 200 for ledger in (earlier, later))
 
 
-def test_a_spent_key_moves_on_to_the_next_generation() -> None:
+def test_a_renewed_key_is_new() -> None:
     ledger = CallLedger("up")
-    first = ledger.claim("pay", {"amount": 1}, None)
-    after = ledger.spent(first)
+    session = ledger.session(None)
+    first = ledger.claim("pay", {"amount": 1}, session)
+    after = ledger.renew(first.call)
     assert after.call == first.call
     assert after.key != first.key
-    assert ledger.claim("pay", {"amount": 1}, None).key not in {first.key, after.key}
+    assert ledger.claim("pay", {"amount": 1}, session).key not in {first.key, after.key}
 
 
-@given(st.lists(st.sampled_from(["claim", "park", "spent"]), max_size=40))
+@given(st.lists(st.sampled_from(["claim", "park", "renew"]), max_size=40))
 def test_no_two_unparked_claims_share_a_key(steps: list[str]) -> None:
-    """Whatever mix of new calls, parked calls and spent keys: a key is handed out again
+    """Whatever mix of new calls, parked calls and renewed keys: a key is handed out again
     only to the retry of a parked call."""
     ledger = CallLedger("up")
+    session = ledger.session(None)
     handed: set[str] = set()
     parked: list[Claim] = []
     last: Claim | None = None
@@ -124,9 +146,9 @@ def test_no_two_unparked_claims_share_a_key(steps: list[str]) -> None:
             last = None
             continue
         claim = (
-            ledger.spent(last)
-            if step == "spent" and last is not None
-            else ledger.claim("pay", {"a": 1}, None)
+            ledger.renew(last.call)
+            if step == "renew" and last is not None
+            else ledger.claim("pay", {"a": 1}, session)
         )
         if parked and claim.key == parked[0].key:
             parked.pop(0)
@@ -139,7 +161,7 @@ def test_no_two_unparked_claims_share_a_key(steps: list[str]) -> None:
 def test_parked_calls_are_bounded() -> None:
     ledger = CallLedger("up", limit=3)
     for i in range(10):
-        ledger.park(ledger.claim("pay", {"i": i}, None))
+        ledger.park(ledger.claim("pay", {"i": i}, ledger.session(None)))
     assert ledger.parked == 3
 
 

@@ -1,0 +1,96 @@
+"""Where the console scripts of signoff-hooks start: a top-level module, outside the ``signoff`` namespace.
+
+``signoff.hooks`` lives in the namespace package ``signoff``. A project's own ``signoff``
+package (or module) earlier on the Python path hides that namespace, and a script whose
+entry point is inside it dies on its first line with exit 1, which an older Claude Code
+takes as "run the tool". Starting here, under a name no project uses, with nothing
+imported but ``sys`` before the ``try``, every failure to load exits 2 with one line on
+stderr naming the cause and the fix: ``signoff-hook`` blocks the call, and
+``signoff-mcp-proxy`` does not start, so nothing reaches the upstream server.
+"""
+
+import sys
+
+__all__ = ["EXIT_CANNOT_LOAD", "hook", "mcp_proxy"]
+
+EXIT_CANNOT_LOAD = 2
+"""Both scripts' status when they cannot load: the one code with which Claude Code blocks a
+call, and the proxy's status for "could not start"."""
+
+
+def hook() -> None:
+    """``signoff-hook``: :func:`signoff.hooks._entry.main`, or exit 2 when it cannot be loaded."""
+    try:
+        from signoff.hooks._entry import main
+    except BaseException as exc:
+        raise SystemExit(_cannot_load("Blocked by the Signoff approval hook", exc)) from None
+    main()
+
+
+def mcp_proxy() -> None:
+    """``signoff-mcp-proxy``: :func:`signoff.hooks.mcp_proxy.main`, or exit 2 when it cannot be loaded."""
+    try:
+        from signoff.hooks.mcp_proxy._cli import main
+    except BaseException as exc:
+        raise SystemExit(_cannot_load("signoff-mcp-proxy", exc)) from None
+    main()
+
+
+def _cannot_load(prefix: str, exc: BaseException) -> int:
+    try:
+        sys.stderr.write(f"{prefix}: {_why(exc)}\n")
+        sys.stderr.flush()
+    except BaseException:
+        pass
+    return EXIT_CANNOT_LOAD
+
+
+def _why(exc: BaseException) -> str:
+    """One line: what kept signoff-hooks from loading, and what to do about it."""
+    try:
+        found = _shadow()
+    except BaseException:
+        found = None
+    if found is None:
+        return (
+            f"signoff-hooks cannot be loaded ({type(exc).__name__}: {exc}); "
+            "reinstall it: pip install --force-reinstall signoff-hooks"
+        )
+    import os
+
+    name, origin = found
+    package = origin.endswith("__init__.py")
+    where = os.path.dirname(origin) if package else origin
+    entry = where
+    for _ in name.split("."):
+        entry = os.path.dirname(entry)
+    if entry == os.getcwd():
+        entry += " (the current directory)"
+    kind = "package" if package else "module"
+    return (
+        f"a {kind} named {name!r} at {where} shadows signoff-hooks; "
+        f"rename it, or take {entry} off the Python path (PYTHONPATH)"
+    )
+
+
+def _shadow() -> tuple[str, str] | None:
+    """The name and file of the module that hides signoff-hooks' packages, if one does.
+
+    signoff-hooks' ``signoff`` is a namespace package, so a ``signoff`` with a file of its
+    own is someone else's; a ``signoff.hooks`` without the hook in it is someone else's too.
+    """
+    from importlib.util import find_spec
+
+    top = find_spec("signoff")
+    if top is None:
+        return None
+    if top.origin is not None:
+        return "signoff", top.origin
+    hooks = find_spec("signoff.hooks")
+    if hooks is None or hooks.origin is None:
+        return None
+    try:
+        ours = find_spec("signoff.hooks._entry") is not None
+    except BaseException:
+        ours = False
+    return None if ours else ("signoff.hooks", hooks.origin)
