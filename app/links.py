@@ -101,7 +101,9 @@ async def _open(runtime: Runtime, text: str, now: datetime) -> _Opened | LinkPag
         votes = await votes_for(session, token.request_id) if req is not None else []
     if req is None:
         return LinkPage(404, "No such request", "refused", "This request no longer exists.")
-    card = build_card(req, votes, config, CHANNEL_TYPE, channel=token.channel)
+    card = build_card(
+        req, votes, config, CHANNEL_TYPE, channel=token.channel, public_url=runtime.settings.public_url
+    )
     if req.status != Status.PENDING:
         return _Opened(token, card, describe_decided(req), recipient)
     if req.expires_at <= now:

@@ -191,6 +191,7 @@ def create_app(
                 poll_seconds=settings.outbox_poll_seconds,
                 lease_seconds=settings.outbox_lease_seconds,
                 http=http,
+                public_url=settings.public_url,
             )
             tasks.append(asyncio.create_task(dispatcher.run(), name="outbox"))
             tasks.append(

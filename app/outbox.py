@@ -85,8 +85,10 @@ class Dispatcher:
         lease_seconds: float = 30.0,
         concurrency: int = 8,
         http: httpx.AsyncClient | None = None,
+        public_url: str | None = None,
     ) -> None:
-        """``http``: the client webhooks are sent with (without one, each send opens its own)."""
+        """``http``: the client webhooks are sent with (without one, each send opens its own);
+        ``public_url``: ``SIGNOFF_PUBLIC_URL``, for the cards' links to the console."""
         self._sessions = sessions
         self._http = http
         self._reads = reads or sessions
@@ -97,6 +99,7 @@ class Dispatcher:
         self._lease = timedelta(seconds=lease_seconds)
         self._slots = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
+        self._public_url = public_url
 
     async def run(self) -> None:
         """Deliver until cancelled."""
@@ -177,7 +180,9 @@ class Dispatcher:
             await self._finish(delivery_id, failed=f"no channel named {d.channel!r} is configured")
             return
         config = self._config()
-        card = build_card(req, votes, config, channel.type, channel=d.channel, now=now)
+        card = build_card(
+            req, votes, config, channel.type, channel=d.channel, now=now, public_url=self._public_url
+        )
         kind = d.kind
         if kind in (DeliveryKind.REMIND, DeliveryKind.ESCALATE) and req.status != Status.PENDING:
             skipped = f"the request was {req.status} before the {kind} was due"

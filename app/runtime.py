@@ -296,7 +296,13 @@ class Runtime:
         )
 
     def _click_service(self) -> ClickService:
-        return ClickService(self.sessions, self.config, reads=self.reads, channels=self.channels)
+        return ClickService(
+            self.sessions,
+            self.config,
+            reads=self.reads,
+            channels=self.channels,
+            public_url=self.settings.public_url,
+        )
 
     async def recently_decided(self, since: Any) -> list[tuple[str, Any]]:
         async with self.reads() as session:

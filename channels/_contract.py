@@ -11,18 +11,24 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import quote
 
 __all__ = [
     "ABSENT",
     "MAX_EDIT_BYTES",
     "MAX_EDIT_VALUE_BYTES",
     "MAX_REASON_CHARS",
+    "MIN_SHORT_FORM_CHARS",
+    "SHORT_FORM_CHARS",
     "ArgumentChange",
+    "ArgumentLine",
+    "ArgumentsView",
     "CallbackRejected",
     "CallbackReply",
     "Card",
@@ -40,11 +46,14 @@ __all__ = [
     "Person",
     "RetryableDeliveryError",
     "Verdict",
+    "argument_json",
     "changes_text",
     "edit_input",
     "edit_problem",
+    "lay_out_arguments",
     "parse_edit_value",
     "reminder_text",
+    "safe_url",
 ]
 
 MAX_REASON_CHARS = 2000
@@ -261,6 +270,164 @@ def changes_text(changes: Sequence[ArgumentChange], limit: int = 80) -> str:
     return ", ".join(change.text(limit) for change in changes)
 
 
+SHORT_FORM_CHARS = 80
+"""A value's short form on a card: the first this many characters of its JSON (all of it
+when it is shorter)."""
+MIN_SHORT_FORM_CHARS = 24
+"""When every field's short form does not fit on a card, they shrink together down to this
+many characters; below that the card cannot show the call, and offers no approval."""
+
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co"})
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
+
+
+def _escape_hidden(match: re.Match[str]) -> str:
+    char = match.group()
+    if unicodedata.category(char) not in _HIDDEN_CATEGORIES:
+        return char
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def argument_json(value: Any) -> str:
+    """``value`` as a card writes it: compact JSON on one line, with every character that does
+    not show as itself (controls, format characters such as bidi overrides and zero-width
+    spaces, line separators) written as a ``\\u`` escape, so what a card shows is what runs."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return _NOT_PRINTABLE_ASCII.sub(_escape_hidden, text)
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentLine:
+    """One argument field as a card shows it: its name and the first ``shown`` characters of
+    its value's JSON (:func:`argument_json`)."""
+
+    field: str
+    name: str
+    """The field's name as :func:`argument_json` writes it."""
+    value: str
+    """The whole value as :func:`argument_json` writes it."""
+    shown: int
+
+    @property
+    def hidden(self) -> int:
+        """Characters of the value the card leaves out (0: it shows all of it)."""
+        return len(self.value) - self.shown
+
+    @property
+    def text(self) -> str:
+        """``"command": "curl … | sh"``, or cut short ``"description": "Install… 2,816 more characters"``."""
+        line = f"{self.name}: {self.value[: self.shown]}"
+        return f"{line}… {self.hidden:,} more characters" if self.hidden else line
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentsView:
+    """A call's arguments laid out for one card (:func:`lay_out_arguments`)."""
+
+    lines: tuple[ArgumentLine, ...]
+    """A line for every field, in the order of their names; empty when they do not all fit."""
+    fields: int
+    """How many fields the call has."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether the card shows every field: a card that does not offers no approval."""
+        return len(self.lines) == self.fields
+
+    @property
+    def notice(self) -> str | None:
+        """What a card says above its link to the request in Signoff: why the call does not fit,
+        or that values are cut short (None: the card shows the whole call)."""
+        if not self.complete:
+            return (
+                f"The {self.fields} argument fields of this call do not fit on this card, so it "
+                "cannot be approved here; the whole call is in Signoff."
+            )
+        if any(line.hidden for line in self.lines):
+            return "Values cut short here are whole in Signoff."
+        return None
+
+
+def lay_out_arguments(
+    arguments: Mapping[str, Any],
+    *,
+    budget: int,
+    line_limit: int | None = None,
+    size: Callable[[str], int] = len,
+) -> ArgumentsView:
+    """The one layout of a call's arguments on every card, email and message: a line per field,
+    in the order of their names, each value clipped on its own.
+
+    ``size`` is what a line's :attr:`ArgumentLine.text` takes as the channel writes it (its
+    escaping, its separators); the lines take at most ``budget`` together and ``line_limit``
+    each. Every field first gets its name and a short form of its value (the same length for
+    all, :data:`SHORT_FORM_CHARS` down to :data:`MIN_SHORT_FORM_CHARS`); only then does any
+    value get more, the room left shared evenly among the values still cut short. So no field,
+    however long or numerous the others, is pushed off the card: when the names and shortest
+    forms do not fit, the view has no lines and the card offers no approval."""
+    limit = budget if line_limit is None else min(line_limit, budget)
+    values = [
+        (name, argument_json(name), argument_json(arguments[name])) for name in sorted(arguments, key=str)
+    ]
+
+    def short(chars: int) -> list[ArgumentLine]:
+        return [ArgumentLine(field, name, value, min(len(value), chars)) for field, name, value in values]
+
+    def fits(lines: list[ArgumentLine]) -> bool:
+        costs = [size(line.text) for line in lines]
+        return all(cost <= limit for cost in costs) and sum(costs) <= budget
+
+    low, high = MIN_SHORT_FORM_CHARS, SHORT_FORM_CHARS
+    if not fits(short(low)):
+        return ArgumentsView((), len(values))
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(short(middle)) else (low, middle - 1)
+    lines = short(low)
+    costs = [size(line.text) for line in lines]
+    spare = budget - sum(costs)
+    while spare > 0:
+        growing = [i for i, line in enumerate(lines) if line.hidden and costs[i] < limit]
+        if not growing:
+            break
+        share = max(spare // len(growing), 1)
+        grew = False
+        for i in growing:
+            room = min(limit, costs[i] + share, costs[i] + spare)
+            line = lines[i]
+            whole = replace(line, shown=len(line.value))
+            if size(whole.text) <= room:
+                best = whole
+            else:
+                # The longest prefix that fits (the note shrinks as it grows: check the result).
+                lo, hi = line.shown, len(line.value) - 1
+                while lo < hi:
+                    middle = (lo + hi + 1) // 2
+                    fitting = size(replace(line, shown=middle).text) <= room
+                    lo, hi = (middle, hi) if fitting else (lo, middle - 1)
+                best = replace(line, shown=lo)
+            cost = size(best.text)
+            if best.shown > line.shown and cost <= room:
+                spare -= cost - costs[i]
+                lines[i], costs[i], grew = best, cost, True
+        if not grew:
+            break
+    return ArgumentsView(tuple(lines), len(values))
+
+
+_URL_SAFE = "-._~:/?=%@+,;!$"
+
+
+def safe_url(url: str) -> str:
+    """``url`` with every character that could end a link in a platform's markup (spaces,
+    brackets, parentheses, quotes, ``|``, ``&``, ``*``) percent-encoded."""
+    return quote(url, safe=_URL_SAFE)
+
+
 @dataclass(frozen=True, slots=True)
 class Person:
     """Someone named on a card: their id on this channel (if known) and a display name."""
@@ -338,6 +505,9 @@ class Card:
     approve"; their current values are in ``arguments``)."""
     changes: tuple[ArgumentChange, ...] = ()
     """Approved: the argument fields the approver changed (empty: approved as asked)."""
+    console_url: str | None = None
+    """The request's page in the Signoff console, where the whole call is shown (None when
+    ``SIGNOFF_PUBLIC_URL`` is unset)."""
 
     @property
     def is_pending(self) -> bool:

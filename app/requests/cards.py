@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from urllib.parse import quote
 
 from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig, identity_key
@@ -65,10 +66,12 @@ def build_card(
     *,
     channel: str,
     now: datetime | None = None,
+    public_url: str | None = None,
 ) -> Card:
     """Plain data for ``channel`` to draw ``req`` as it stands by ``now``: the card of the
     gates posted there (their own channel, or one they escalated to by then), and, when the
-    request needs several gates, how each one stands."""
+    request needs several gates, how each one stands. ``public_url`` (``SIGNOFF_PUBLIC_URL``)
+    makes the link to the request in the console."""
 
     def person(key: str) -> Person:
         if key in config.people:
@@ -128,4 +131,5 @@ def build_card(
         else None,
         editable=editable,
         changes=argument_changes(req) if req.status == Status.APPROVED else (),
+        console_url=f"{public_url}/ui/requests/{quote(req.id, safe='')}" if public_url else None,
     )

@@ -45,11 +45,14 @@ class ClickService:
         *,
         reads: async_sessionmaker[AsyncSession] | None = None,
         channels: Mapping[str, Channel] | None = None,
+        public_url: str | None = None,
     ) -> None:
+        """``public_url``: ``SIGNOFF_PUBLIC_URL``, for the cards' links to the console."""
         self._sessions = sessions
         self._reads = reads or sessions
         self._config = config
         self._channels = channels or {}
+        self._public_url = public_url
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
         kind = self._config.channel_type(channel)
@@ -108,7 +111,9 @@ class ClickService:
         # The card as committed, read after the write transaction has let go.
         async with self._reads() as session:
             votes = await votes_for(session, result.request.id)
-        card = build_card(result.request, votes, self._config, kind, channel=channel)
+        card = build_card(
+            result.request, votes, self._config, kind, channel=channel, public_url=self._public_url
+        )
         return ClickOutcome(result.accepted, result.message, card)
 
     def _needs_email(self, req: ConfirmationRequest, gates: list[GateSnapshot], voter: Voter) -> bool:
@@ -148,7 +153,7 @@ class ClickService:
             if req is None:
                 return None
             votes = await votes_for(session, request_id)
-        return build_card(req, votes, self._config, kind, channel=channel)
+        return build_card(req, votes, self._config, kind, channel=channel, public_url=self._public_url)
 
     async def enrich_identity(
         self, channel: str, user_id: str, *, name: str | None, email: str | None

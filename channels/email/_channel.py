@@ -31,7 +31,7 @@ from signoff.channels._contract import (
 )
 from signoff.channels.email import IDENTITY, EmailConfig
 from signoff.channels.email._links import LinkSigner, LinkToken
-from signoff.channels.email._message import Choice, message_id, render_message
+from signoff.channels.email._message import Choice, argument_view, message_id, render_message
 
 __all__ = ["EmailChannel", "delivery_error"]
 
@@ -125,12 +125,15 @@ class EmailChannel:
         return list(seen.values())
 
     def choices(self, card: Card, address: str) -> list[Choice]:
-        """The links in ``address``'s message: Approve (once), each grant, Reject."""
+        """The links in ``address``'s message: Approve (once), each grant, Reject; Reject
+        only when the message cannot show every argument field."""
         expires = int(card.expires_at.timestamp())
 
         def url(verdict: Verdict, grant: GrantChoice | None = None) -> str:
             return self._links.url(LinkToken(card.request_id, self.name, address, verdict, expires, grant))
 
+        if not argument_view(card).complete:
+            return [Choice("reject", "Reject", url(Verdict.REJECT))]
         return [
             Choice("approve", "Approve once" if card.grants else "Approve", url(Verdict.APPROVE)),
             *(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,11 +11,20 @@ from email.message import EmailMessage
 from email.utils import format_datetime
 from html import escape
 
-from signoff.channels._contract import Card, Person
+from signoff.channels._contract import ArgumentsView, Card, Person, lay_out_arguments, safe_url
 
-__all__ = ["Choice", "message_id", "render_html", "render_message", "render_text", "subject_of"]
+__all__ = [
+    "Choice",
+    "argument_view",
+    "message_id",
+    "render_html",
+    "render_message",
+    "render_text",
+    "subject_of",
+]
 
 _MAX_ARGUMENT_CHARS = 20_000
+"""The most the argument lines of one message take (each line and its line break)."""
 _MAX_HEADER_CHARS = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 _ID_SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -57,11 +65,15 @@ def _date(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _arguments(card: Card) -> str:
-    if not card.arguments:
+def argument_view(card: Card) -> ArgumentsView:
+    """The card's arguments as its message lays them out (incomplete: the message offers no approval)."""
+    return lay_out_arguments(card.arguments, budget=_MAX_ARGUMENT_CHARS, size=lambda text: len(text) + 1)
+
+
+def _arguments(view: ArgumentsView) -> str:
+    if not view.fields:
         return "(none)"
-    raw = json.dumps(dict(card.arguments), indent=2, ensure_ascii=False, sort_keys=True, default=str)
-    return raw if len(raw) <= _MAX_ARGUMENT_CHARS else raw[: _MAX_ARGUMENT_CHARS - 1] + "…"
+    return "\n".join(line.text for line in view.lines)
 
 
 def _names(people: Sequence[Person]) -> str:
@@ -117,7 +129,15 @@ def render_text(card: Card, recipient: Person, choices: Sequence[Choice]) -> str
         "",
     ]
     lines += [f"{label}: {value}" for label, value in _facts(card)]
-    lines += ["", "Arguments:", _arguments(card), ""]
+    view = argument_view(card)
+    lines += ["", "Arguments:"]
+    if view.complete:
+        lines.append(_arguments(view))
+    if view.notice is not None:
+        lines.append(view.notice)
+        if card.console_url:
+            lines.append(f"Open in Signoff: {safe_url(card.console_url)}")
+    lines.append("")
     if card.require_reject_reason:
         lines += ["A rejection needs a reason (the page asks for it).", ""]
     for choice in choices:
@@ -141,6 +161,18 @@ def _button(choice: Choice) -> str:
         hint = f'<div style="color:{_MUTED};font-size:13px;margin:0 0 10px">{escape(choice.explain)}</div>'
         return f"<div>{link}{hint}</div>"
     return f"<div>{link}</div>"
+
+
+def _arguments_html(card: Card, pre_style: str) -> str:
+    view = argument_view(card)
+    html = f'<pre style="{pre_style}">{escape(_arguments(view))}</pre>' if view.complete else ""
+    if view.notice is not None:
+        link = ""
+        if card.console_url:
+            href = escape(safe_url(card.console_url))
+            link = f' <a href="{href}" style="color:#0a58ca">Open in Signoff</a>'
+        html += f'<p style="margin:8px 0 0">{escape(view.notice)}{link}</p>'
+    return html
 
 
 def render_html(card: Card, recipient: Person, choices: Sequence[Choice]) -> str:
@@ -176,7 +208,7 @@ def render_html(card: Card, recipient: Person, choices: Sequence[Choice]) -> str
         f"<strong>{escape(card.tool_name)}</strong> and needs your approval.</p>"
         f'<table role="presentation" style="border-collapse:collapse;margin:0 0 14px">{rows}</table>'
         f'<h2 style="font-size:16px;margin:0 0 6px">Arguments</h2>'
-        f'<pre style="{pre_style}">{escape(_arguments(card))}</pre>'
+        f"{_arguments_html(card, pre_style)}"
         '<div style="margin:18px 0 6px">'
         f"{''.join(_button(c) for c in choices)}</div>"
         f"{reason_note}"

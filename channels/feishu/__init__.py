@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from signoff.channels.feishu._card import MAX_ARGUMENTS_CHARS, callback_body, render_card
+from signoff.channels.feishu._card import MAX_ARGUMENTS_BYTES, MAX_CARD_BYTES, callback_body, render_card
 from signoff.channels.feishu._channel import REPLY_BUDGET, FeishuChannel
 from signoff.channels.feishu._config import FeishuConfig
 from signoff.channels.feishu._errors import api_error
@@ -25,8 +25,9 @@ from signoff.channels.feishu._security import (
 
 __all__ = [
     "IDENTITY",
-    "MAX_ARGUMENTS_CHARS",
+    "MAX_ARGUMENTS_BYTES",
     "MAX_BODY_BYTES",
+    "MAX_CARD_BYTES",
     "MAX_CLOCK_SKEW",
     "REPLY_BUDGET",
     "CallbackKind",

@@ -2,8 +2,8 @@
 
 Text that comes from agents or people (tool names, arguments, names, reasons)
 never goes into markdown, where it could fake a heading or a link: it goes into
-``plain_text`` elements, and the arguments into a fenced JSON block whose lines
-(JSON-encoded) can never start with a backtick fence.
+``plain_text`` elements, and the arguments into a fenced block whose lines (each a
+JSON-encoded field name and value) can never start with a backtick fence.
 """
 
 from __future__ import annotations
@@ -13,13 +13,37 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from signoff.channels._contract import Card, GrantChoice, Person, Verdict, edit_input, reminder_text
+from signoff.channels._contract import (
+    ArgumentsView,
+    Card,
+    GrantChoice,
+    Person,
+    Verdict,
+    edit_input,
+    lay_out_arguments,
+    reminder_text,
+    safe_url,
+)
 from signoff.channels.feishu._parse import MAX_REASON_CHARS, REASON_FIELD, edit_field
 
-__all__ = ["MAX_ARGUMENTS_CHARS", "ToastType", "callback_body", "render_card", "render_reminder"]
+__all__ = [
+    "MAX_ARGUMENTS_BYTES",
+    "MAX_CARD_BYTES",
+    "ToastType",
+    "callback_body",
+    "render_card",
+    "render_reminder",
+]
 
-MAX_ARGUMENTS_CHARS = 2000
-"""Arguments beyond this many characters are cut (cards are limited to 30 KB)."""
+MAX_CARD_BYTES = 30_000
+"""The largest card Feishu takes: 30 KB of card JSON."""
+MAX_ARGUMENTS_BYTES = 8_000
+"""The most a card's argument lines take (less when the rest of the card leaves less room
+within :data:`MAX_CARD_BYTES`), each at most :data:`_ARGUMENT_LINE_BYTES`."""
+_ARGUMENT_LINE_BYTES = 2_000
+_NOTE_BYTES = 1_000
+"""Room kept for the arguments' frame, the note about values cut short and its link."""
+_MAX_URL_CHARS = 500
 _MAX_FIELD_CHARS = 200
 _MAX_INPUT_CHARS = 1000
 """The longest text a card's ``input`` holds."""
@@ -56,12 +80,25 @@ def _names(people: Iterable[Person]) -> str:
     return shown if len(names) <= _MAX_NAMES else f"{shown} and {len(names) - _MAX_NAMES} more"
 
 
-def _arguments_block(card: Card) -> str:
-    dumped = json.dumps(dict(card.arguments), indent=2, ensure_ascii=False, default=str)
-    if len(dumped) > MAX_ARGUMENTS_CHARS:
-        cut = len(dumped) - MAX_ARGUMENTS_CHARS
-        dumped = f"{dumped[:MAX_ARGUMENTS_CHARS]}\n… ({cut} more characters not shown)"
-    return f"**Arguments**\n```json\n{dumped}\n```"
+def _card_bytes(data: Any) -> int:
+    return len(json.dumps(data, ensure_ascii=False).encode())
+
+
+def _arguments_element(card: Card, view: ArgumentsView) -> dict[str, Any]:
+    """The arguments as :func:`~signoff.channels.lay_out_arguments` lays them out, a line per
+    field, and a link to the request in Signoff when they are not all there whole."""
+    if not view.fields:
+        return {"tag": "markdown", "content": "**Arguments**: none"}
+    parts = ["**Arguments**"]
+    if view.complete:
+        parts.append("```json\n" + "\n".join(line.text for line in view.lines) + "\n```")
+    if view.notice is not None:
+        url = safe_url(card.console_url) if card.console_url else ""
+        if url and len(url) <= _MAX_URL_CHARS:
+            parts.append(f"{view.notice} [Open in Signoff]({url})")
+        else:
+            parts.append(f"{view.notice} (request {_cut(card.request_id, 100)})")
+    return {"tag": "markdown", "content": "\n".join(parts)}
 
 
 def _details(card: Card) -> str:
@@ -132,7 +169,8 @@ def _grant_button(card: Card, index: int, grant: GrantChoice) -> dict[str, Any]:
     }
 
 
-def _buttons(card: Card) -> list[dict[str, Any]]:
+def _buttons(card: Card, *, approvable: bool) -> list[dict[str, Any]]:
+    """Approve (with a button per grant and the edit form) when ``approvable``; the rejection form."""
     approve = {
         "tag": "button",
         "name": "approve",
@@ -166,6 +204,8 @@ def _buttons(card: Card) -> list[dict[str, Any]]:
             },
         ],
     }
+    if not approvable:
+        return [reject_form]
     grants = [_grant_button(card, i, grant) for i, grant in enumerate(card.grants)]
     edit_form = _edit_form(card)
     return [approve, *grants, *([edit_form] if edit_form else []), reject_form]
@@ -207,7 +247,7 @@ def _edit_form(card: Card) -> dict[str, Any] | None:
 
 
 def render_card(card: Card) -> dict[str, Any]:
-    """The card JSON 2.0 for ``card`` as it stands now.
+    """The card JSON 2.0 for ``card`` as it stands now, within :data:`MAX_CARD_BYTES`.
 
     Pending: what the agent wants to do, for whom, until when, who may approve and
     how many approvals are in; an Approve button (with a button per grant the gate
@@ -215,30 +255,42 @@ def render_card(card: Card) -> dict[str, Any]:
     callback ``value`` is an object naming the request and the verdict (and the
     grant). Decided, expired or cancelled: the outcome (approved once, or with which
     grant until when), who decided, when and why, and no buttons left.
+
+    The arguments show every field's name and the start of its value in the room the rest
+    of the card leaves; a call whose fields do not fit offers the rejection form only.
     """
     title, colour = _HEADERS.get(card.status, (card.status.capitalize(), "grey"))
-    elements: list[dict[str, Any]] = [
-        {"tag": "div", "text": _plain(_details(card))},
-        {"tag": "markdown", "content": _arguments_block(card)},
-    ]
-    if card.is_pending:
-        elements.append({"tag": "hr"})
-        elements.extend(_buttons(card))
-    else:
-        outcome = _outcome(card)
-        if outcome:
+
+    def build(arguments: dict[str, Any], *, approvable: bool) -> dict[str, Any]:
+        elements: list[dict[str, Any]] = [{"tag": "div", "text": _plain(_details(card))}, arguments]
+        if card.is_pending:
             elements.append({"tag": "hr"})
-            elements.append({"tag": "div", "text": _plain(outcome)})
-    return {
-        "schema": "2.0",
-        "config": {"update_multi": True},
-        "header": {
-            "title": _plain(title),
-            "subtitle": _plain(_cut(f"{card.agent_id} wants to run {card.tool_name}", 100)),
-            "template": colour,
-        },
-        "body": {"elements": elements},
-    }
+            elements.extend(_buttons(card, approvable=approvable))
+        else:
+            outcome = _outcome(card)
+            if outcome:
+                elements.append({"tag": "hr"})
+                elements.append({"tag": "div", "text": _plain(outcome)})
+        return {
+            "schema": "2.0",
+            "config": {"update_multi": True},
+            "header": {
+                "title": _plain(title),
+                "subtitle": _plain(_cut(f"{card.agent_id} wants to run {card.tool_name}", 100)),
+                "template": colour,
+            },
+            "body": {"elements": elements},
+        }
+
+    rest = _card_bytes(build({"tag": "markdown", "content": ""}, approvable=True))
+    view = lay_out_arguments(
+        card.arguments,
+        budget=max(min(MAX_ARGUMENTS_BYTES, MAX_CARD_BYTES - rest - _NOTE_BYTES), 0),
+        line_limit=_ARGUMENT_LINE_BYTES,
+        # A line's bytes in the card JSON, with the line break after it (both escaped there).
+        size=_card_bytes,
+    )
+    return build(_arguments_element(card, view), approvable=view.complete)
 
 
 def callback_body(toast: ToastType, message: str, card: Card | None = None) -> dict[str, Any]:

@@ -10,13 +10,16 @@ from typing import Any
 
 from signoff.channels._contract import (
     MAX_REASON_CHARS,
+    ArgumentsView,
     Card,
     GateProgress,
     GrantChoice,
     Person,
     changes_text,
     edit_input,
+    lay_out_arguments,
     reminder_text,
+    safe_url,
 )
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "REASON_ACTION_ID",
     "REASON_BLOCK_ID",
     "REJECT_MODAL_CALLBACK_ID",
+    "argument_view",
     "edit_block_id",
     "escape_mrkdwn",
     "grant_value",
@@ -69,6 +73,17 @@ _BUTTON_TEXT_LIMIT = 75
 _VALUE_LIMIT = 2000
 _NAME_LIMIT = 200
 
+# Arguments: a line per field in code blocks, packed into at most _ARGUMENT_SECTIONS
+# sections. No line takes more than _ARGUMENT_LINE_LIMIT, so a section closes only once it
+# holds more than _ARGUMENT_BODY - _ARGUMENT_LINE_LIMIT: a budget of that much per section
+# always packs into them.
+_ARGUMENTS_TITLE = "*Arguments*\n"
+_FENCE_OPEN, _FENCE_CLOSE = "```\n", "\n```"
+_ARGUMENT_BODY = _SECTION_TEXT_LIMIT - len(_ARGUMENTS_TITLE) - len(_FENCE_OPEN) - len(_FENCE_CLOSE)
+_ARGUMENT_SECTIONS = 6
+_ARGUMENT_LINE_LIMIT = 1200
+_ARGUMENTS_BUDGET = _ARGUMENT_SECTIONS * (_ARGUMENT_BODY - _ARGUMENT_LINE_LIMIT)
+
 # The actions block id carries whether a rejection needs a reason, so the modal
 # can mark its input required at click time, before the server is asked.
 _ACTIONS_PREFIX = "signoff_actions."
@@ -95,8 +110,13 @@ def render_card(card: Card) -> tuple[str, list[dict[str, Any]]]:
     when), who decided, when and why, and has no buttons.
     Every user-supplied string is escaped, so arguments cannot mention
     ``@channel`` or forge links, and clipped to Block Kit's limits.
+
+    The arguments show as :func:`argument_view` lays them out: every field's name and the
+    start of its value, long values cut short with a link to the request in Signoff. A call
+    whose fields do not fit offers Reject only (no approval of any kind).
     """
     version = _version(card)
+    view = argument_view(card)
     icon, word = _status(card.status)
     agent = _clip(escape_mrkdwn(card.agent_id), _NAME_LIMIT)
     tool = _clip(escape_mrkdwn(card.tool_name), _NAME_LIMIT)
@@ -121,11 +141,7 @@ def render_card(card: Card) -> tuple[str, list[dict[str, Any]]]:
             "block_id": f"signoff_summary.{version}",
             "fields": [{"type": "mrkdwn", "text": f} for f in _fields(card)],
         },
-        {
-            "type": "section",
-            "block_id": f"signoff_arguments.{version}",
-            "text": {"type": "mrkdwn", "text": _arguments(card)},
-        },
+        *_argument_sections(card, view, version),
     ]
     if not card.is_pending:
         blocks.append(
@@ -143,7 +159,7 @@ def render_card(card: Card) -> tuple[str, list[dict[str, Any]]]:
         }
     )
     if card.is_pending:
-        blocks.append(_actions(card, version, agent, tool))
+        blocks.append(_actions(card, version, agent, tool, approvable=view.complete))
     return _clip(text, _TEXT_LIMIT), blocks
 
 
@@ -325,16 +341,53 @@ def _gate_line(gate: GateProgress, budget: int) -> str:
     return line + (" ✓" if gate.approved else "")
 
 
-def _arguments(card: Card) -> str:
-    title = "*Arguments*\n"
-    if not card.arguments:
-        return title + "_none_"
-    raw = json.dumps(dict(card.arguments), indent=2, ensure_ascii=False, default=str)
+def argument_view(card: Card) -> ArgumentsView:
+    """The card's arguments as its message lays them out (incomplete: the card offers no approval)."""
+    return lay_out_arguments(
+        card.arguments,
+        budget=_ARGUMENTS_BUDGET,
+        line_limit=_ARGUMENT_LINE_LIMIT,
+        size=lambda text: len(_argument_line(text)) + 1,
+    )
+
+
+def _argument_line(text: str) -> str:
     # A run of backticks inside the block would close it early.
-    raw = re.sub(r"`(?=`)", "`\u200b", raw)
-    fence_open, fence_close = "```\n", "\n```"
-    budget = _SECTION_TEXT_LIMIT - len(title) - len(fence_open) - len(fence_close)
-    return f"{title}{fence_open}{_clip(escape_mrkdwn(raw), budget)}{fence_close}"
+    return escape_mrkdwn(re.sub(r"`(?=`)", "`\u200b", text))
+
+
+def _argument_sections(card: Card, view: ArgumentsView, version: str) -> list[dict[str, Any]]:
+    def section(index: int, text: str) -> dict[str, Any]:
+        block_id = f"signoff_arguments{index or ''}.{version}"
+        return {"type": "section", "block_id": block_id, "text": {"type": "mrkdwn", "text": text}}
+
+    if not view.fields:
+        return [section(0, _ARGUMENTS_TITLE + "_none_")]
+    if not view.complete:
+        return [section(0, _ARGUMENTS_TITLE + _console_note(card, view.notice or ""))]
+    chunks: list[list[str]] = [[]]
+    used = 0
+    for line in view.lines:
+        shown = _argument_line(line.text)
+        if chunks[-1] and used + len(shown) + 1 > _ARGUMENT_BODY:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(shown)
+        used += len(shown) + 1
+    sections = [
+        section(i, (_ARGUMENTS_TITLE if i == 0 else "") + _FENCE_OPEN + "\n".join(chunk) + _FENCE_CLOSE)
+        for i, chunk in enumerate(chunks)
+    ]
+    if view.notice is not None:
+        sections.append(section(len(sections), _console_note(card, view.notice)))
+    return sections
+
+
+def _console_note(card: Card, notice: str) -> str:
+    url = safe_url(card.console_url) if card.console_url else ""
+    if url and len(url) <= _SECTION_TEXT_LIMIT // 2:
+        return f"_{notice}_ <{url}|Open in Signoff>"
+    return f"_{notice}_ (request {_code(card.request_id, _NAME_LIMIT)})"
 
 
 def _outcome(card: Card, icon: str, word: str) -> str:
@@ -372,7 +425,8 @@ def _context(card: Card) -> str:
     return text
 
 
-def _actions(card: Card, version: str, agent: str, tool: str) -> dict[str, Any]:
+def _actions(card: Card, version: str, agent: str, tool: str, *, approvable: bool) -> dict[str, Any]:
+    """The buttons: approving (once, with a grant, with changes) only when ``approvable``."""
     prefix = _ACTIONS_REASON_PREFIX if card.require_reject_reason else _ACTIONS_PREFIX
     confirm_text = f"{agent} will not be allowed to run {tool}. You can give a reason next."
     grants = [
@@ -380,49 +434,43 @@ def _actions(card: Card, version: str, agent: str, tool: str) -> dict[str, Any]:
         for offer in card.grants
         if len(value := grant_value(card.request_id, offer)) <= _VALUE_LIMIT
     ]
+    approve: list[dict[str, Any]] = [
+        {
+            "type": "button",
+            "action_id": ACTION_APPROVE,
+            "style": "primary",
+            "value": card.request_id,
+            "text": {"type": "plain_text", "text": "Approve once" if grants else "Approve", "emoji": True},
+        },
+        *(_grant_button(card, i, offer, value) for i, (offer, value) in enumerate(grants)),
+    ]
+    if card.editable:
+        approve.append(
+            {
+                "type": "button",
+                "action_id": ACTION_EDIT,
+                "value": card.request_id,
+                "text": {"type": "plain_text", "text": "Edit and approve", "emoji": True},
+            }
+        )
+    reject = {
+        "type": "button",
+        "action_id": ACTION_REJECT,
+        "style": "danger",
+        "value": card.request_id,
+        "text": {"type": "plain_text", "text": "Reject", "emoji": True},
+        "confirm": {
+            "title": {"type": "plain_text", "text": "Reject this request?"},
+            "text": {"type": "mrkdwn", "text": _clip(confirm_text, _CONFIRM_TEXT_LIMIT)},
+            "confirm": {"type": "plain_text", "text": "Reject"},
+            "deny": {"type": "plain_text", "text": "Cancel"},
+            "style": "danger",
+        },
+    }
     return {
         "type": "actions",
         "block_id": prefix + version,
-        "elements": [
-            {
-                "type": "button",
-                "action_id": ACTION_APPROVE,
-                "style": "primary",
-                "value": card.request_id,
-                "text": {
-                    "type": "plain_text",
-                    "text": "Approve once" if grants else "Approve",
-                    "emoji": True,
-                },
-            },
-            *(_grant_button(card, i, offer, value) for i, (offer, value) in enumerate(grants)),
-            *(
-                [
-                    {
-                        "type": "button",
-                        "action_id": ACTION_EDIT,
-                        "value": card.request_id,
-                        "text": {"type": "plain_text", "text": "Edit and approve", "emoji": True},
-                    }
-                ]
-                if card.editable
-                else []
-            ),
-            {
-                "type": "button",
-                "action_id": ACTION_REJECT,
-                "style": "danger",
-                "value": card.request_id,
-                "text": {"type": "plain_text", "text": "Reject", "emoji": True},
-                "confirm": {
-                    "title": {"type": "plain_text", "text": "Reject this request?"},
-                    "text": {"type": "mrkdwn", "text": _clip(confirm_text, _CONFIRM_TEXT_LIMIT)},
-                    "confirm": {"type": "plain_text", "text": "Reject"},
-                    "deny": {"type": "plain_text", "text": "Cancel"},
-                    "style": "danger",
-                },
-            },
-        ],
+        "elements": [*(approve if approvable else []), reject],
     }
 
 

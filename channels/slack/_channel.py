@@ -35,6 +35,7 @@ from signoff.channels.slack import SlackConfig
 from signoff.channels.slack._blocks import (
     ACTION_REJECT,
     REASON_BLOCK_ID,
+    argument_view,
     edit_block_id,
     escape_mrkdwn,
     reason_required_by,
@@ -321,6 +322,8 @@ class SlackChannel:
             message = "This request is no longer pending."
         elif not card.editable:
             message = "This request's arguments cannot be changed here."
+        elif not argument_view(card).complete:
+            message = "This call does not fit on a card; open it in Signoff to see it whole and decide there."
         elif press.trigger_id is None:
             message = "Could not open the edit form."
         if message is not None or card is None:

@@ -68,6 +68,8 @@ class CardInvalid(Exception):
     pass
 
 
+MAX_CARD_BYTES = 30 * 1024
+"""Cards are limited to 30 KB (Lark's message patch and delayed-update pages)."""
 _CARD_KEYS = {"schema", "config", "header", "body", "card_link"}
 _TEXT_KEYS = {"tag", "content"}
 _ELEMENT_KEYS = {
@@ -140,6 +142,8 @@ def _check_elements(elements: Any, names: set[str], *, in_form: bool) -> None:
 
 def validate_card(content: str) -> dict[str, Any]:
     """Feishu-like validation of a card JSON 2.0 message ``content``."""
+    if len(content.encode()) > MAX_CARD_BYTES:
+        raise CardInvalid(f"card is larger than {MAX_CARD_BYTES} bytes")
     try:
         card = json.loads(content)
     except ValueError:

@@ -282,6 +282,27 @@ async def test_an_unsigned_slack_edit_is_refused(
     assert (await state(http, agent_key, rid))["status"] == "pending"
 
 
+async def test_a_call_too_large_for_the_card_offers_no_edit_and_opens_no_form(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _server, http = slack_server
+    many = {f"line_item_{i:03d}_{'x' * 30}": i for i in range(300)}
+    call = {**CALL, "arguments": {**CALL["arguments"], **many}, "idempotency_key": "pay:many"}
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    answer = await http.post("/v1/hooks/pre-tool-use", json=call, headers=agent)
+    rid = answer.json()["request_id"]
+    elements = await posted_buttons(fake_slack)
+    assert [e["text"]["text"] for e in elements] == ["Reject"]
+
+    # A press of "Edit and approve" all the same (an older card, a forged button) opens nothing.
+    body, headers = press_edit(rid, "W0ALICE", "large.trigger")
+    assert (await http.post(f"/callbacks/slack/{SLACK}", content=body, headers=headers)).status_code == 200
+    [note] = await eventually(lambda: fake_slack.calls_to("chat.postEphemeral"))
+    assert "does not fit on a card" in note.args["text"]
+    assert fake_slack.calls_to("views.open") == []
+    assert (await state(http, agent_key, rid))["votes"] == []
+
+
 async def test_a_failed_views_open_tells_the_clicker(
     fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
 ) -> None:
