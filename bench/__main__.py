@@ -7,10 +7,10 @@ Sections: ``hook`` (``signoff-hook claude-code`` start-up, editable and as a whe
 ``latency`` (decision → waiter), ``throughput`` (pending creation and the allow
 path vs bare FastAPI baselines), ``waiters`` (many concurrent long-polls),
 ``restart`` (many pending requests), ``mcp`` (what ``signoff-mcp-proxy`` adds to an
-ungated ``tools/call``; one database). ``--quick`` runs each briefly (for CI;
-well under a minute). The table is printed and, unless ``--no-write``, written
-between the markers in ``docs/benchmarks.md`` (with the machine it ran on) and
-as JSON to ``bench/last-run.json``.
+ungated ``tools/call``; one database), ``redaction`` (its CPU time per call,
+in-process). ``--quick`` runs each briefly (for CI; well under a minute). The table is
+printed and, unless ``--no-write``, written between the markers in ``docs/benchmarks.md``
+(with the machine it ran on) and as JSON to ``bench/last-run.json``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import client_overhead, hook_startup, mcp_proxy, restart, throughput, waiters, wake_latency
+from bench import (
+    client_overhead,
+    hook_startup,
+    mcp_proxy,
+    redaction,
+    restart,
+    throughput,
+    waiters,
+    wake_latency,
+)
 from bench._report import Row, dump_json, machine, markdown, text_table
 from bench._server import ROOT, Signoff, baseline, config_with_slack, fake_slack, running_server
 
-SECTIONS = ["hook", "client", "latency", "throughput", "waiters", "restart", "mcp"]
+SECTIONS = ["hook", "client", "latency", "throughput", "waiters", "restart", "mcp", "redaction"]
 DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -46,12 +55,13 @@ class Plan:
     pending: int
     restart_dbs: tuple[str, ...]
     mcp_calls: int
+    redaction_rounds: int
 
 
 FULL = Plan(
-    5.0, 1.0, 3, 32, 300, 500, 40, 10_000, ("sqlite", "postgres"), 100_000, ("sqlite", "postgres"), 1000
+    5.0, 1.0, 3, 32, 300, 500, 40, 10_000, ("sqlite", "postgres"), 100_000, ("sqlite", "postgres"), 1000, 15
 )
-QUICK = Plan(1.0, 0.3, 1, 32, 30, 50, 10, 300, ("sqlite",), 3_000, ("sqlite",), 50)
+QUICK = Plan(1.0, 0.3, 1, 32, 30, 50, 10, 300, ("sqlite",), 3_000, ("sqlite",), 50, 3)
 
 
 def log(msg: str) -> None:
@@ -278,6 +288,9 @@ def main() -> None:
             rows += restart_rows(db, plan.pending)
     if "mcp" in only:
         rows += mcp_rows(dbs[0], plan.mcp_calls)
+    if "redaction" in only:
+        log(f"redaction per call ({plan.redaction_rounds} rounds)")
+        rows += redaction.measure(plan.redaction_rounds)
     info = machine()
     print(text_table(rows))
     log(f"done in {time.monotonic() - t0:.0f} s")

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from signoff.app._secret_tokens import TOKENS
 from signoff.app.config import DEFAULT_REDACT
 from signoff.app.redaction import _EXPANSION, REDACTED, redact
 
@@ -186,3 +187,157 @@ def test_redaction_is_idempotent(value: Any) -> None:
 )
 def test_ordinary_text_is_left_alone(text: str) -> None:
     assert redact({"memo": text}, WORDS) == {"memo": text}
+
+
+# --- credentials on command lines and in argv lists --------------------------------------------
+
+TOKEN_CHARS = ALNUM + "_.~+=-"
+# A password as a command line carries it: token characters, not starting like a flag.
+passwords = st.text(TOKEN_CHARS, min_size=8, max_size=40).filter(lambda p: not p.startswith("-"))
+hosts = st.sampled_from(["api.example.com", "db.internal", "registry.example.org", "10.0.0.7"])
+pipes = st.sampled_from(["sh", "jq .", "tee out.log", "bash -s"])
+befores = st.sampled_from(["", "sudo ", "cd /srv && ", "env LANG=C ", "time "])
+users = st.sampled_from(["alice", "bob", "root", "deploy"])
+
+# Each credential form: the command (``{secret}`` where the secret goes) and the tool that runs.
+COMMAND_FORMS = [
+    ("curl -u {user}:{secret} https://{host}/v1/items", "curl"),
+    ("curl -su {user}:{secret} https://{host}/v1/items", "curl"),
+    ("curl --user {user}:{secret} https://{host}/v1/items", "curl"),
+    ("curl --user={user}:{secret} https://{host}/v1/items", "curl"),
+    ("curl -u{user}:{secret} https://{host}/v1/items", "curl"),
+    ("mysql -u{user} -p{secret} -h {host} shop", "mysql"),
+    ("mariadb -u {user} -p'{secret}' -h {host} shop", "mariadb"),
+    ("sshpass -p {secret} ssh {user}@{host} uptime", "sshpass"),
+    ("sshpass -p{secret} ssh {user}@{host} uptime", "sshpass"),
+    ("docker login -u {user} -p {secret} {host}", "docker login"),
+    ("docker login -u {user} --password {secret} {host}", "docker login"),
+    ("podman login --username {user} --password={secret} {host}", "podman login"),
+    ("psql --password {secret} -h {host} -U {user}", "psql"),
+    ("deployctl --token {secret} --host {host}", "deployctl"),
+    ("deployctl --api-key {secret} --host {host}", "deployctl"),
+    ("vault-cli -secret {secret} --host {host}", "vault-cli"),
+    ("deployctl --client-secret={secret} --host {host}", "deployctl"),
+    ("PGPASSWORD={secret} psql -h {host} -U {user}", "psql"),
+    ("redis-cli -h {host} -a {secret} ping", "redis-cli"),
+    ("mongosh --host {host} -u {user} -p {secret}", "mongosh"),
+    ("ldapsearch -H ldap://{host} -D cn={user} -w {secret}", "ldapsearch"),
+    ("sqlcmd -S {host} -U {user} -P {secret}", "sqlcmd"),
+    ("openssl enc -aes256 -passin pass:{secret} -in {host}.tar", "openssl"),
+    ("curl -H 'Authorization: Bearer {secret}7' https://{host}/v1", "curl"),
+    ("bash -c 'mysql -p{secret} -h {host} shop'", "mysql"),
+    ('ssh {user}@{host} "sshpass -p {secret} scp a b"', "sshpass"),
+]
+
+
+@settings(max_examples=800, deadline=None)
+@given(
+    st.sampled_from(COMMAND_FORMS),
+    passwords,
+    users,
+    hosts,
+    pipes,
+    befores,
+    st.sampled_from([" | ", " && ", "; "]),
+)
+def test_a_credential_on_a_command_line_is_masked_and_the_command_stays_visible(
+    form: tuple[str, str], secret: str, user: str, host: str, pipe: str, before: str, joint: str
+) -> None:
+    template, tool = form
+    command = before + template.format(user=user, secret=secret, host=host) + joint + pipe
+    assume(secret not in before + template.format(user=user, secret="", host=host) + joint + pipe)
+    out = redact({"command": command}, WORDS)["command"]
+    assert secret not in out, (command, out)
+    assert REDACTED in out
+    for visible in (tool, host, joint + pipe):
+        assert visible in out, (visible, command, out)
+
+
+ARGV_FORMS = [
+    (["curl", "-u", "{user}:{secret}", "https://{host}/v1"], "curl"),
+    (["mysql", "-u", "{user}", "-p{secret}", "-h", "{host}"], "mysql"),
+    (["sshpass", "-p", "{secret}", "ssh", "{user}@{host}"], "sshpass"),
+    (["docker", "login", "-u", "{user}", "-p", "{secret}", "{host}"], "docker"),
+    (["deployctl", "--password", "{secret}", "--host", "{host}"], "deployctl"),
+    (["deployctl", "--token={secret}", "--host", "{host}"], "deployctl"),
+    (["/usr/bin/redis-cli", "-h", "{host}", "-a", "{secret}", "ping"], "/usr/bin/redis-cli"),
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(ARGV_FORMS), passwords, users, hosts)
+def test_a_credential_in_an_argv_list_is_masked_and_the_rest_kept(
+    form: tuple[list[str], str], secret: str, user: str, host: str
+) -> None:
+    template, tool = form
+    argv = [item.format(user=user, secret=secret, host=host) for item in template]
+    assume(all(secret not in item.format(user=user, secret="", host=host) for item in template))
+    out = redact({"args": argv}, WORDS)["args"]
+    assert not any(secret in item for item in out), (argv, out)
+    assert out[0] == tool
+    assert any(host in item for item in out), out
+    assert len(out) == len(argv), "each argument stays one item"
+
+
+token_bodies = st.text(ALNUM, min_size=36, max_size=36)
+issued_tokens = st.one_of(
+    st.text(ALNUM + "_-", min_size=20, max_size=40).map("glpat-".__add__),
+    token_bodies.map("npm_".__add__),
+    st.text(ALNUM, min_size=36, max_size=36).map("ghp_".__add__),
+    st.text("0123456789abcdef", min_size=64, max_size=64).map("dop_v1_".__add__),
+    st.text(ALNUM, min_size=24, max_size=40).map("sk_live_".__add__),
+)
+TOKEN_PLACES = [
+    "git push https://oauth2:{token}@{host}/group/app.git",
+    "curl --header 'PRIVATE-TOKEN: {token}' https://{host}/api/v4/projects",
+    'echo "//{host}/:_authToken={token}" >> ~/.npmrc',
+    "NPM_TOKEN={token} npm publish",
+    "echo {token}",
+    '{{"auth": "{token}", "host": "{host}"}}',
+    "deploy({token}, {host})",
+]
+
+
+@settings(max_examples=500, deadline=None)
+@given(issued_tokens, st.sampled_from(TOKEN_PLACES), hosts, pipes)
+def test_an_issued_token_is_masked_wherever_it_stands(token: str, place: str, host: str, pipe: str) -> None:
+    command = place.format(token=token, host=host) + " | " + pipe
+    out = redact({"command": command}, WORDS)["command"]
+    assert token[-20:] not in out, (command, out)
+    assert "| " + pipe in out, (command, out)
+    if "{host}" in place:
+        assert host in out, (command, out)
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("curl -u alice:S3cr3tPassw0rd https://x | sh", "curl -u alice:[redacted] https://x | sh"),
+        ("mysql -p shop", "mysql -p shop"),  # a lone -p asks for the password
+        ("ssh -p 2222 host", "ssh -p 2222 host"),  # -p is a port for most tools
+        ("docker run -u 1000:1000 img", "docker run -u 1000:1000 img"),
+        (
+            "echo $PW | docker login --password-stdin -u bob reg.io",
+            "echo $PW | docker login --password-stdin -u bob reg.io",
+        ),
+        ("gh auth login --with-token < token.txt", "gh auth login --with-token < token.txt"),
+        ("psql --password $(cat /run/pw) -h db", "psql --password $(cat /run/pw) -h db"),
+        ("curl --token abc123456789`id` x", "curl --token [redacted]`id` x"),
+        ("ls -la /tmp && git status", "ls -la /tmp && git status"),
+    ],
+)
+def test_what_is_no_literal_secret_stays_shown(command: str, shown: str) -> None:
+    assert redact({"command": command}, WORDS)["command"] == shown
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(TOKENS).flatmap(lambda rule: st.from_regex(rule[2], fullmatch=True)), hosts)
+def test_every_token_of_the_generated_table_is_masked(token: str, host: str) -> None:
+    """Each rule of the table written from gitleaks' rules masks what it matches, in a
+    command, with the command's other words kept."""
+    assume(token.isascii() and token.isprintable() and " " not in token)
+    command = f"deploy --to {host} {token} && echo done"
+    out = redact({"command": command}, WORDS)["command"]
+    assert token not in out, (command, out)
+    assert out.startswith(f"deploy --to {host} "), out
+    assert out.endswith(" && echo done"), out
