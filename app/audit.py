@@ -43,7 +43,8 @@ class Action(StrEnum):
     EXPIRED = "expired"
     CANCELLED = "cancelled"
     CALLBACK_REJECTED = "callback_rejected"
-    """A channel callback that failed verification."""
+    """A channel callback or email-link form refused, or a tally of them
+    (:mod:`signoff.app.refusals`)."""
     KEY_CREATED = "key_created"
     KEY_REVOKED = "key_revoked"
     SWITCH_CHANGED = "switch_changed"

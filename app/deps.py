@@ -27,6 +27,12 @@ async def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
+def client_address(request: Request) -> str:
+    """The caller's address: the peer's, or behind a proxy trusted by ``FORWARDED_ALLOW_IPS``
+    the one it forwards (uvicorn rewrites the peer from ``X-Forwarded-For``)."""
+    return request.client.host if request.client else "?"
+
+
 async def get_session(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
     async with transaction(runtime.sessions) as session:
         yield session

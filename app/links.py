@@ -16,12 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from signoff.app import audit
-from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
 from signoff.app.config import identity_key
-from signoff.app.db import transaction
-from signoff.app.metrics import CALLBACK_REJECTIONS, reason_label
 from signoff.app.models import Status
 from signoff.app.requests.cards import build_card
 from signoff.app.requests.eligibility import Voter, gates_of
@@ -157,21 +153,17 @@ async def open_link(runtime: Runtime, text: str, *, now: datetime) -> LinkPage:
     return _confirm(opened, text)
 
 
-async def _audit_refusal(runtime: Runtime, reason: str, *, channel: str | None, size: int) -> None:
-    CALLBACK_REJECTIONS.labels(channel or CHANNEL_TYPE, reason_label(reason)).inc()
-    async with transaction(runtime.sessions) as session:
-        await audit.append(
-            session,
-            Action.CALLBACK_REJECTED,
-            actor=Actor(CHANNEL_TYPE, None, channel),
-            detail={"channel": channel, "reason": reason, "bytes": size},
-        )
-
-
 async def answer_link(
-    runtime: Runtime, text: str, *, posted_token: str | None, reason: str | None, now: datetime
+    runtime: Runtime,
+    text: str,
+    *,
+    posted_token: str | None,
+    reason: str | None,
+    address: str,
+    now: datetime,
 ) -> LinkPage:
-    """What ``POST /approve/{text}`` does: vote as the link's recipient, with its choice."""
+    """What ``POST /approve/{text}`` does: vote as the link's recipient, with its choice.
+    A refused link or form is counted and sampled into the audit log as from ``address``."""
     signer = runtime.links
     if signer is None:
         return _LINKS_OFF
@@ -179,11 +171,19 @@ async def answer_link(
         token = signer.verify(text, now=now)
     except CallbackRejected as exc:
         log.warning("email link refused: %s", exc.reason)
-        await _audit_refusal(runtime, exc.reason, channel=None, size=len(text))
+        await runtime.refusals.refuse(
+            surface=CHANNEL_TYPE, channel=None, reason=exc.reason, address=address, size=len(text)
+        )
         return _refused(exc.reason, exc.status_code)
     if posted_token != text:
         # Only the link's own page sends its token back in the form.
-        await _audit_refusal(runtime, "form without its link's token", channel=token.channel, size=len(text))
+        await runtime.refusals.refuse(
+            surface=CHANNEL_TYPE,
+            channel=token.channel,
+            reason="form without its link's token",
+            address=address,
+            size=len(text),
+        )
         return LinkPage(
             400,
             "Form refused",

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from signoff.app import console
+from signoff.app import console, refusals
 from signoff.app.bodies import storable
 from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
 from signoff.app.logs import RequestId
@@ -181,6 +181,14 @@ def create_app(
                 id="replica-report",
                 next_run_time=datetime.now(UTC),
             )
+            scheduler.add_job(
+                rt.refusals.flush,
+                "interval",
+                seconds=refusals.WINDOW_SECONDS,
+                max_instances=1,
+                coalesce=True,
+                id="refusals-flush",
+            )
             scheduler.start()
             dispatcher = Dispatcher(
                 rt.sessions,
@@ -220,6 +228,8 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             await http.aclose()
+            # The refusals tallied since the last flush go on record before the process ends.
+            await rt.refusals.flush()
             if runtime is None:
                 await rt.aclose()
 

@@ -20,6 +20,7 @@ from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import Wakeups, create_engine, is_sqlite, sessionmaker, transaction
 from signoff.app.keys import AgentKeys
 from signoff.app.models import ConfirmationRequest, utcnow
+from signoff.app.refusals import Refusals
 from signoff.app.requests.clicks import ClickService
 from signoff.app.requests.intake import Intake
 from signoff.app.settings import Settings
@@ -133,6 +134,8 @@ class Runtime:
     """Applies clicks from every channel under the current configuration."""
     keys: AgentKeys = field(init=False)
     """The agent keys this process has found live, remembered for a moment."""
+    refusals: Refusals = field(init=False)
+    """This process's refused callbacks: counted, and sampled into the audit log."""
     version: str = ""
     """The loaded configuration's :func:`config_version`."""
     loaded_at: datetime = field(default_factory=utcnow)
@@ -148,6 +151,7 @@ class Runtime:
         self.intake = Intake(self.sessions)
         self.clicks = self._click_service()
         self.keys = AgentKeys(self.reads)
+        self.refusals = Refusals(self.sessions)
         self.version = self.version or self.config.version
         metrics.CONFIG_INFO.clear()
         metrics.CONFIG_INFO.labels(self.version).set(1)

@@ -19,7 +19,7 @@ from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused
 from signoff.app.console.decisions import decide_from_form
 from signoff.app.console.history import csv_lines, history_view, jsonl_lines, parse_history
 from signoff.app.console.render import page, secured
-from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep
+from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep, client_address
 from signoff.app.models import Status, utcnow
 from signoff.app.replicas import live_replicas
 from signoff.app.requests import grants
@@ -107,7 +107,7 @@ async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
     name, password = form.get("username"), form.get("password")
     next_url = auth.safe_next(form.get("next"))
     name = name.strip() if isinstance(name, str) else ""
-    address = request.client.host if request.client else "?"
+    address = client_address(request)
     limiter = auth.limiter_of(request)
     if wait := limiter.retry_after(address, name):
         log.warning("console: sign-in as %r from %s refused: too many failures", name[:200], address)

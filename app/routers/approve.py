@@ -7,6 +7,7 @@ from fastapi.responses import Response
 
 from signoff.app import links
 from signoff.app.console.render import page
+from signoff.app.deps import client_address
 from signoff.app.links import LinkPage
 from signoff.app.models import utcnow
 from signoff.app.runtime import Runtime
@@ -38,6 +39,7 @@ async def confirm_link(token: str, request: Request) -> Response:
         token,
         posted_token=posted if isinstance(posted, str) else None,
         reason=reason if isinstance(reason, str) else None,
+        address=client_address(request),
         now=utcnow(),
     )
     return _render(request, view)

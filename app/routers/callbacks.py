@@ -8,10 +8,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
-from signoff.app import audit
-from signoff.app.audit import Action, Actor
-from signoff.app.db import transaction
-from signoff.app.metrics import CALLBACK_REJECTIONS, reason_label
+from signoff.app.deps import client_address
 from signoff.app.runtime import Runtime
 from signoff.channels import CallbackRejected, InteractiveChannel
 
@@ -32,14 +29,13 @@ async def receive_callback(channel_type: str, channel: str, request: Request) ->
         reply = await target.handle_callback(body, request.headers, runtime.clicks)
     except CallbackRejected as exc:
         log.warning("callback to %s refused: %s", channel, exc.reason)
-        CALLBACK_REJECTIONS.labels(channel, reason_label(exc.reason)).inc()
-        async with transaction(runtime.sessions) as session:
-            await audit.append(
-                session,
-                Action.CALLBACK_REJECTED,
-                actor=Actor(channel_type, None, channel),
-                detail={"channel": channel, "reason": exc.reason, "bytes": len(body)},
-            )
+        await runtime.refusals.refuse(
+            surface=channel_type,
+            channel=channel,
+            reason=exc.reason,
+            address=client_address(request),
+            size=len(body),
+        )
         return JSONResponse({"error": "invalid request"}, exc.status_code)
     background = BackgroundTask(reply.after) if reply.after is not None else None
     return JSONResponse(dict(reply.body or {}), reply.status_code, background=background)
