@@ -394,6 +394,11 @@ class Approvals:
                 arguments = self._edited[0]
                 digest = call_digest(ctx.tool_name, arguments)
             return self._replay(self.request, digest, key, arguments, ctx)
+        for _, other in matched:
+            # A gate that cannot evaluate its condition denies the call rather than asking
+            # (this gate checked its own before asking).
+            if other is not gate and (refused := await other.refusal(ctx)) is not None:
+                return refused
         # A grant stands in for its own gate only: the request asks every other gate.
         new = self._prepare(ctx, gate, [(k, g) for k, g in matched if k not in active])
         found = await self._intake.create_request(self._session, new)
