@@ -62,6 +62,8 @@ class Action(StrEnum):
     """A reminder sent under a card to the approvers who had not voted."""
     ESCALATED = "escalated"
     """A request escalated: its card went to another channel, and more approvers may decide."""
+    CONDITION_ERROR = "condition_error"
+    """A call denied because a gate's ``when`` could not be evaluated for it, with the error."""
 
 
 @dataclass(frozen=True, slots=True)

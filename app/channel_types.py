@@ -38,8 +38,8 @@ class ChannelType:
 
 
 CHANNEL_TYPES: dict[str, ChannelType] = {
-    "web": ChannelType(web.WebConfig, web.create),
-    "fake": ChannelType(fake.FakeConfig, fake.create),
+    "web": ChannelType(web.WebConfig, web.create, web.IDENTITY),
+    "fake": ChannelType(fake.FakeConfig, fake.create, fake.IDENTITY),
     "feishu": ChannelType(feishu.FeishuConfig, feishu.create, feishu.IDENTITY),
     "slack": ChannelType(slack.SlackConfig, slack.create, slack.IDENTITY),
     "email": ChannelType(email.EmailConfig, identity=email.IDENTITY, create_linked=email.create),

@@ -35,6 +35,7 @@ from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
 from signoff.app.builtin_hooks.result_truncate import ResultTruncate
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelConfig, identity_of
 from signoff.app.redaction import Redactor
+from signoff.app.spelling import closest
 from signoff.channels import duration_text
 
 HookConfig = ConfirmationGate | ReadOnlyGuard | RateLimit | ResultTruncate | AuditLog | ContextInject
@@ -284,12 +285,7 @@ class SignoffConfig:
     @cached_property
     def _everyone(self) -> dict[str, str]:
         """Every identifier (key, channel id, email) as :func:`identity_key` → directory key."""
-        return {
-            identity_key(value): key
-            for key, person in self.people.items()
-            for _, value in person.identifiers(key)
-            if identity_key(value)
-        }
+        return _identifiers(self.people)
 
     @cached_property
     def _by_channel_type(self) -> dict[tuple[str, str], str]:
@@ -459,39 +455,70 @@ def _ambiguous_people(people: Mapping[str, Person]) -> list[str]:
     return problems
 
 
+def _identifiers(people: Mapping[str, Person]) -> dict[str, str]:
+    """Every identifier of the directory (key, channel id, email) as :func:`identity_key` →
+    the directory key it names."""
+    return {
+        identity_key(value): key
+        for key, person in people.items()
+        for _, value in person.identifiers(key)
+        if identity_key(value)
+    }
+
+
+def _deciders(operators: Mapping[str, Operator]) -> set[str]:
+    """The names operators decide under: their ``person``, else their own name."""
+    return {operator.person or name for name, operator in operators.items()}
+
+
+def _unknown_approver(approver: str, kind: str, doc: _File) -> str:
+    """Why ``approver`` names nobody on a ``kind`` channel, and the likely fix."""
+    operator = doc.operators.get(approver)
+    if operator is not None and operator.person:
+        return (
+            f"{approver!r} is an operator who decides as {operator.person!r}; "
+            f"list {operator.person!r} instead"
+        )
+    patterned = identity_of(kind).user_id is not None
+    what = f"a {kind} user id" if patterned else "an operator"
+    meant = _identifiers(doc.people).get(identity_key(approver))
+    if meant is None:
+        meant = closest(approver, [*doc.people, *_deciders(doc.operators)])
+    if meant is None and patterned:
+        meant = closest(approver, filter(None, (p.id_on(kind) for p in doc.people.values())))
+    fix = f"did you mean {meant!r}?" if meant is not None else "add them under people"
+    return f"{approver!r} is neither in people nor {what}; {fix}"
+
+
 def _approver_problems(
-    approvers: Iterable[str],
-    where: str,
-    kind: str,
-    people: Mapping[str, Person],
-    *,
-    channel: str,
-    known: bool = False,
+    approvers: Iterable[str], where: str, kind: str, doc: _File, *, channel: str
 ) -> list[str]:
     """Approvers the ``kind`` channel ``channel`` cannot recognise (or, sending by email,
-    reach): a person without a ``kind`` id (an email), or a raw id not of that type.
-    ``known``: each must be in ``people`` or an id of that type even where the type has no
-    ids of its own."""
+    reach). Each must be a person of the directory (with an id of that type, or an email,
+    where the type needs one), a console operator (who decides wherever the card went),
+    or a raw user id of the form the type gives its ids. A type with no ids of its own
+    (``web``, ``fake``) takes no raw ids: a misspelt name would otherwise become an
+    approver anyone could claim to be (``signoff requests approve --as alcie``)."""
     identity = identity_of(kind)
+    deciders = _deciders(doc.operators)
     problems: list[str] = []
     for j, approver in enumerate(approvers):
-        if approver in people:
-            if identity.by_email and not people[approver].email:
+        person = doc.people.get(approver)
+        if person is not None:
+            if identity.by_email and not person.email:
                 problems.append(
                     f"{where}[{j}]: {approver!r} has no email in people, so the {kind} channel "
                     f"{channel!r} cannot reach them; add `email: <address>` to people.{approver}"
                 )
-            elif (
-                not identity.by_email and identity.user_id is not None and kind not in people[approver].ids()
-            ):
+            elif not identity.by_email and identity.user_id is not None and kind not in person.ids():
                 problems.append(
                     f"{where}[{j}]: {approver!r} has no {kind} id in people; "
                     f"add `{kind}: <user id>` to people.{approver}"
                 )
-        elif identity.user_id is not None and not identity.is_user_id(approver):
-            problems.append(f"{where}[{j}]: {approver!r} is neither in people nor a {kind} user id")
-        elif identity.user_id is None and known:
-            problems.append(f"{where}[{j}]: {approver!r} is not in people; add them under people")
+        elif approver in deciders or (identity.user_id is not None and identity.is_user_id(approver)):
+            continue
+        else:
+            problems.append(f"{where}[{j}]: {_unknown_approver(approver, kind, doc)}")
     return problems
 
 
@@ -537,9 +564,7 @@ def _gate_problems(
         elif why is None:
             kind = channels[step.channel].type
             problems.extend(
-                _approver_problems(
-                    step.approvers, f"{path}.approvers", kind, doc.people, channel=step.channel, known=True
-                )
+                _approver_problems(step.approvers, f"{path}.approvers", kind, doc, channel=step.channel)
             )
 
     why = channel_problem(gate.channel, f"{where}.channel")
@@ -552,7 +577,7 @@ def _gate_problems(
             f"{where}.approvers: the {kind} channel {gate.channel!r} sends each approver a message, "
             "so the gate must list them (people with an email, or addresses)",
         )
-    found = _approver_problems(gate.approvers, f"{where}.approvers", kind, doc.people, channel=gate.channel)
+    found = _approver_problems(gate.approvers, f"{where}.approvers", kind, doc, channel=gate.channel)
     return [*found, *problems]
 
 

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 __all__ = [
     "CALLBACK_REJECTIONS",
+    "CONDITION_ERRORS",
     "CONFIG_INFO",
     "CONFIG_RELOAD_FAILURES",
     "DECISIONS",
@@ -60,6 +61,12 @@ CALLBACK_REJECTIONS = Counter(
     "signoff_callback_rejections",
     "Platform callbacks refused, by channel and reason.",
     ["channel", "reason"],
+    registry=REGISTRY,
+)
+CONDITION_ERRORS = Counter(
+    "signoff_condition_errors",
+    "Calls denied because a gate's condition could not be evaluated for them, by agent and gate.",
+    ["agent", "gate"],
     registry=REGISTRY,
 )
 EXECUTED_MISMATCHES = Counter(

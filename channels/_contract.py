@@ -577,7 +577,7 @@ class Identity:
     """What a user id of this channel type looks like. With a pattern, an approver written
     as a raw id must match it, and a person listed as an approver of a gate on this channel
     type needs an id of this type in the directory. None: the channel type has no ids of
-    its own."""
+    its own, and its gates' approvers are people of the directory or operators only."""
     aliases: tuple[str, ...] = ()
     """Keys of :attr:`Click.identity` that name the clicker too, tried in order when the
     directory does not know the click's ``user_id`` (Feishu's ``union_id``)."""

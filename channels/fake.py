@@ -11,9 +11,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from signoff.channels._contract import Card, DeliveryError, MessageRef, Person
+from signoff.channels._contract import Card, DeliveryError, Identity, MessageRef, Person
 
-__all__ = ["FakeChannel", "FakeConfig", "create"]
+__all__ = ["IDENTITY", "FakeChannel", "FakeConfig", "create"]
+
+IDENTITY = Identity()
+"""No form of user id of its own: a gate's approvers here are people of the directory or
+operators, never raw ids."""
 
 
 class FakeConfig(BaseModel):

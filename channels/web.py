@@ -10,9 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from signoff.channels._contract import Card, MessageRef, Person
+from signoff.channels._contract import Card, Identity, MessageRef, Person
 
-__all__ = ["WebChannel", "WebConfig", "create"]
+__all__ = ["IDENTITY", "WebChannel", "WebConfig", "create"]
+
+IDENTITY = Identity()
+"""No user ids of its own: operators decide under their directory key (or their operator
+name), so a gate's approvers here are people of the directory or operators, never raw ids."""
 
 
 class WebConfig(BaseModel):

@@ -3,16 +3,24 @@
 A gate matches a call when the tool name fits one of its globs and its optional
 ``when`` condition holds. Conditions are CEL (Common Expression Language), compiled
 once at load and evaluated over ``args``, ``tool``, ``agent``, ``user`` and
-``metadata``; CEL cannot run code, touch files or loop forever. A condition that
-fails to evaluate (a missing field, a type mismatch) counts as a match, so a human
-decides rather than the call slipping through.
+``metadata``; CEL cannot run code, touch files or loop forever. Loading refuses a
+condition that reads any other name (``arguments.amount``), suggesting the one meant.
+
+A condition that cannot be evaluated for a call (a missing field, a type mismatch, a
+value that is not true or false) denies the call, saying why: logged at WARNING, audited
+(``condition_error``, with the gate, the condition and the error) and counted
+(``signoff_condition_errors_total``). It neither lets the call through nor quietly asks
+a human about every call. ``has(args.amount) && args.amount >= 50000`` is the way to read
+a field calls may leave out: without it, it is a clean non-match.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -27,7 +35,10 @@ from pydantic import (
     model_validator,
 )
 
+from signoff.app.audit import Action
 from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
+from signoff.app.metrics import CONDITION_ERRORS
+from signoff.app.spelling import did_you_mean
 from signoff.channels import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS, GrantChoice, duration_text
 from signoff.hooks import HookContext, HookResult
 
@@ -49,6 +60,8 @@ MAX_REMINDERS = 10
 """Reminder points one gate may have."""
 MAX_ESCALATIONS = 5
 """Escalation steps one gate may have."""
+
+log = logging.getLogger("signoff")
 
 
 def _field_names(value: tuple[str, ...], limit: int, what: str) -> tuple[str, ...]:
@@ -172,6 +185,49 @@ _VARIABLES: dict[str, Callable[[HookContext], Any]] = {
 }
 """What a ``when`` condition can read, and how each is taken from the call."""
 
+_BINDER = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
+"""A comprehension macro's variable (the ``x`` of ``args.items.all(x, x > 0)``):
+``Program.variables()`` reports such names among the ones read, so they are told apart
+here. A name bound so and also read outside its macro is not caught at load; evaluating it
+then fails, which denies the call."""
+
+_API_NAMES = {"arguments": "args", "tool_name": "tool", "agent_id": "agent", "user_id": "user"}
+"""What the agent API calls the values a condition reads (the likeliest slips)."""
+
+_CEL_TYPES = {
+    bool: "bool",
+    int: "int",
+    float: "double",
+    str: "string",
+    bytes: "bytes",
+    list: "list",
+    dict: "map",
+    datetime: "timestamp",
+    timedelta: "duration",
+}
+"""CEL's names for the types of the values a condition may give."""
+
+
+def _unknown_names(program: Any, source: str) -> list[str]:
+    """The names ``source`` reads that a condition has no value for, in order."""
+    bound = set(_BINDER.findall(source))
+    return [v for v in program.variables() if v not in _VARIABLES and v not in bound]
+
+
+def _unknown_name(name: str) -> str:
+    """``'arguments' (did you mean 'args'?)``: an unknown name and the one likely meant."""
+    meant = _API_NAMES.get(name)
+    hint = f"did you mean {meant!r}?" if meant is not None else did_you_mean(name, _VARIABLES)
+    return f"{name!r} ({hint})" if hint else repr(name)
+
+
+def _error_text(exc: Exception) -> str:
+    """What went wrong evaluating a condition, in a few words (CEL's first sentence)."""
+    if isinstance(exc, KeyError):
+        return f"no field {exc.args[0]!r} in the call" if exc.args else "a field is missing in the call"
+    text = str(exc).strip().split(". ")[0].rstrip(".")
+    return text or type(exc).__name__
+
 
 class ConfirmationGate(ToolFilter):
     """``type: confirmation_gate`` in an agent's ``hooks`` list."""
@@ -183,7 +239,8 @@ class ConfirmationGate(ToolFilter):
     """A CEL condition over ``args``, ``tool``, ``agent``, ``user``, ``metadata``."""
     channel: str
     approvers: tuple[str, ...] = ()
-    """People from the directory, or raw channel user ids. Empty: anyone who sees the card."""
+    """People from the directory, console operators, or raw user ids of the channel's type (none on
+    ``web``, whose ids are the directory's keys). Empty: anyone who sees the card."""
     quorum: int = Field(default=1, ge=1)
     timeout: timedelta = timedelta(minutes=30)
     """How long its approvers have to decide (the request expires then). Not how long the
@@ -243,9 +300,17 @@ class ConfirmationGate(ToolFilter):
         if value is None or not value.strip():
             return None
         try:
-            cel.compile(value)
+            program = cel.compile(value)
         except Exception as exc:
             raise ValueError(f"invalid CEL condition: {exc}") from None
+        unknown = _unknown_names(program, value)
+        if unknown:
+            names = ", ".join(_unknown_name(n) for n in unknown)
+            readable = ", ".join(list(_VARIABLES)[:-1]) + f" and {list(_VARIABLES)[-1]}"
+            raise ValueError(
+                f"unknown name{'s' if len(unknown) > 1 else ''} in the condition: {names}; "
+                f"a condition reads {readable}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -270,9 +335,10 @@ class ConfirmationGate(ToolFilter):
         program = cel.compile(self.when)
         return program, tuple(v for v in program.variables() if v in _VARIABLES)
 
-    def matches(self, ctx: HookContext) -> bool:
-        if not self.matches_tool(ctx.tool_name):
-            return False
+    def condition(self, ctx: HookContext) -> bool | str:
+        """Whether the ``when`` condition holds for the call (True without one), or, when it
+        cannot be evaluated (a missing field, a type mismatch, a value that is not true or
+        false), why not."""
         condition = self._condition
         if condition is None:
             return True
@@ -280,13 +346,60 @@ class ConfirmationGate(ToolFilter):
         try:
             # Only the variables the condition reads (each one converted costs time).
             values = {name: _VARIABLES[name](ctx) for name in variables}
-            # Only a definite `false` lets the call pass; any other value sends it to a human.
-            return program.execute(values) is not False
-        except Exception:
-            # Fail closed: an unevaluable condition sends the call to a human.
-            return True
+            result = program.execute(values)
+        except Exception as exc:
+            return _error_text(exc)
+        if not isinstance(result, bool):
+            kind = _CEL_TYPES.get(type(result), "null" if result is None else type(result).__name__)
+            return f"the condition gave a {kind}, not true or false"
+        return result
+
+    def matches(self, ctx: HookContext) -> bool:
+        """Whether the gate catches the call: its tool, and a condition that does not give
+        false. One that cannot be evaluated catches it (fail closed: what asks whether an
+        edited call reaches a gate must hear yes); :meth:`before_tool_use` then denies."""
+        return self.matches_tool(ctx.tool_name) and self.condition(ctx) is not False
+
+    async def refusal(self, ctx: HookContext) -> HookResult | None:
+        """The deny for a call the condition cannot be evaluated for, logged, audited and
+        counted; None when it can be."""
+        error = self.condition(ctx)
+        if not isinstance(error, str):
+            return None
+        if ctx.services is not None:
+            error = str(ctx.services.redact(error))
+        log.warning(
+            "gate %r of agent %r denied a call of %s: its condition %r could not be evaluated: %s",
+            self.label,
+            ctx.agent_id,
+            ctx.tool_name,
+            self.when,
+            error,
+        )
+        CONDITION_ERRORS.labels(ctx.agent_id, self.label).inc()
+        if ctx.services is not None:
+            await ctx.services.record(
+                ctx,
+                Action.CONDITION_ERROR,
+                {
+                    "gate": self.label,
+                    "tool": ctx.tool_name,
+                    "when": self.when,
+                    "error": error,
+                    "user_id": ctx.user_id,
+                    "session_id": ctx.session_id,
+                    "tool_call_id": ctx.tool_call_id,
+                },
+            )
+        return HookResult.deny(
+            f"gate {self.label!r} could not evaluate its condition for this call ({error}), "
+            "so the call is denied"
+        )
 
     async def before_tool_use(self, ctx: HookContext) -> HookResult:
+        refused = await self.refusal(ctx)
+        if refused is not None:
+            return refused
         if ctx.services is None:
             return HookResult.deny(
                 f"{self.label} needs a human decision but no approval service is available"

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from signoff.app.config import parse_config
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.config import AgentConfig, parse_config
 from signoff.app.db import create_engine, migrate, sessionmaker, transaction
 from signoff.app.keys import authenticate
 from signoff.app.models import ConfirmationRequest
@@ -408,6 +411,27 @@ def test_decisions_refuse_an_invalid_configuration(cli: Cli) -> None:
     assert done.returncode == 2
     assert "no channel named 'ghost'" in done.stderr
     assert cli.row(rid).status == "pending"
+
+
+def test_a_misspelt_approver_cannot_approve_since_the_configuration_no_longer_loads(cli: Cli) -> None:
+    typo = copy.deepcopy(DEFAULT_CONFIG)
+    typo["agents"]["finance-bot"]["hooks"][0].update(channel="web", approvers=["alcie", "bob"])
+    # The request as a server that took the file would have made it: `alcie` an approver.
+    gates = tuple(ConfirmationGate.model_validate(h) for h in typo["agents"]["finance-bot"]["hooks"])
+    cli.config = replace(cli.config, agents={"finance-bot": AgentConfig(hooks=gates)})
+    rid = cli.request()
+    cli.config_file.write_text(yaml.safe_dump(typo, sort_keys=False), encoding="utf-8")
+    problem = (
+        f"{cli.config_file}: agents.finance-bot.hooks[0].approvers[0]: 'alcie' is neither in people "
+        "nor an operator; did you mean 'alice'?"
+    )
+    for who in ("alcie", "alice"):
+        done = cli("requests", "approve", rid, "--as", who)
+        assert done.returncode == 2, done.stdout
+        assert problem in done.stderr
+    assert cli.row(rid).status == "pending"
+    check = cli("config", "check", str(cli.config_file))
+    assert (check.returncode, check.stdout, check.stderr) == (1, "", problem + "\n")
 
 
 # --- audit ----------------------------------------------------------------------------------------

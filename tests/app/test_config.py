@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, SecretStr
 from typer.testing import CliRunner
 
@@ -188,6 +190,92 @@ def test_gate_may_use_the_builtin_web_channel(tmp_path: Path) -> None:
 @pytest.mark.parametrize("when", ["args.amount >=", "args.amount >= 'x", "args[", "&& true"])
 def test_bad_cel_in_when(tmp_path: Path, when: str) -> None:
     assert_one_problem(tmp_path, doc(gate(when=when)), f"{AGENT}.when", "invalid CEL condition")
+
+
+READS = "a condition reads args, tool, agent, user and metadata"
+CEL_WORDS = {
+    "true",
+    "false",
+    "null",
+    "in",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "else",
+    "for",
+    "function",
+    "if",
+    "import",
+    "let",
+    "loop",
+    "package",
+    "namespace",
+    "return",
+    "var",
+    "void",
+    "while",
+}
+
+
+def test_config_check_refuses_a_condition_reading_an_undeclared_name(tmp_path: Path) -> None:
+    path = write(tmp_path, doc(gate(when="arguments.amount >= 50000")))
+    result = CliRunner().invoke(cli_app, ["config", "check", str(path)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"{path}: {AGENT}.when: unknown name in the condition: 'arguments' (did you mean 'args'?); {READS}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("when", "named"),
+    [
+        ("argz.amount > 1 && tol == 'pay'", "'argz' (did you mean 'args'?), 'tol' (did you mean 'tool'?)"),
+        ("user_id == 'carol'", "'user_id' (did you mean 'user'?)"),
+        ("metdata.env == 'prod'", "'metadata'"),
+        ("args.items.all(x, x > limit)", "'limit'"),
+        ("amount >= 50000", "'amount'"),
+    ],
+)
+def test_every_unknown_name_of_a_condition_is_named(when: str, named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc(gate(when=when)), source="signoff.yaml")
+    [problem] = info.value.problems
+    assert problem.startswith(f"signoff.yaml: {AGENT}.when: unknown name")
+    assert named in problem
+    assert problem.endswith(READS)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "has(args.amount) && args.amount >= 50000",
+        "args.items.all(x, x > 0) && args.tags.exists(t, t == 'urgent')",
+        "[1, 2].map(n, n * 2).filter(m, m > 2).size() > 0 && args.xs.exists_one(e, e == tool)",
+        'tool.startsWith("pay") && agent == "finance-bot" && user != "" && metadata.env == "prod"',
+    ],
+)
+def test_conditions_over_the_declared_names_load(when: str) -> None:
+    hook = parse_config(doc(gate(when=when))).agents["finance-bot"].hooks[0]
+    assert isinstance(hook, ConfirmationGate)
+    assert hook.when == when
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True))
+def test_any_name_but_the_declared_ones_is_refused(name: str) -> None:
+    declared = {"args", "tool", "agent", "user", "metadata"}
+    try:
+        cfg = parse_config(doc(gate(when=f"{name}.amount >= 1")), source="signoff.yaml")
+    except ConfigError as exc:
+        [problem] = exc.problems
+        if name in CEL_WORDS:
+            assert "invalid CEL condition" in problem
+        else:
+            assert problem.startswith(f"signoff.yaml: {AGENT}.when: unknown name in the condition: {name!r}")
+    else:
+        assert name in declared, cfg
 
 
 def test_second_hook_of_an_agent_is_named_by_index(tmp_path: Path) -> None:
@@ -370,14 +458,155 @@ def test_feishu_approver_problems(tmp_path: Path) -> None:
     assert problems == [
         f"{path}: {AGENT}.approvers[1]: 'bob' has no feishu id in people; "
         "add `feishu: <user id>` to people.bob",
-        f"{path}: {AGENT}.approvers[2]: 'mallory' is neither in people nor a feishu user id",
-        f"{path}: {AGENT}.approvers[3]: 'U0SLACKID' is neither in people nor a feishu user id",
+        f"{path}: {AGENT}.approvers[2]: 'mallory' is neither in people nor a feishu user id; "
+        "add them under people",
+        f"{path}: {AGENT}.approvers[3]: 'U0SLACKID' is neither in people nor a feishu user id; "
+        "add them under people",
     ]
 
 
-def test_any_approver_name_is_accepted_on_channels_without_raw_ids(tmp_path: Path) -> None:
-    cfg = load_config(write(tmp_path, doc(gate(approvers=["alice", "someone-else"]))))
-    assert cfg.agents["finance-bot"].hooks[0].approvers == ("alice", "someone-else")
+# --- approvers on every channel type: people, operators or ids of that type ----------------------
+
+CHANNEL_BODIES: dict[str, dict[str, Any]] = {
+    "web": {"type": "web"},
+    "fake": {"type": "fake"},
+    "slack": {"type": "slack", "bot_token": "xoxb-1", "signing_secret": "s" * 20, "channel": "C0OPS"},
+    "feishu": {
+        "type": "feishu",
+        "app_id": "cli_x",
+        "app_secret": "feishu-app-secret",
+        "verification_token": "vt",
+        "encrypt_key": "ek",
+        "chat_id": "oc_x",
+    },
+    "email": {"type": "email", "smtp_url": "smtps://u:p@mail.example.com:465", "from": "signoff@example.com"},
+}
+"""A valid channel of each registered type (a new type must be added here)."""
+RAW_IDS = {"slack": "U0BOB123", "feishu": "ou_bob1", "email": "bob@example.com"}
+"""A raw user id of each type that gives its ids a form."""
+EVERYONE = {
+    "alice": {"slack": "U0ALICE", "feishu": "ou_alice1", "fake": "U_ALICE", "email": "alice@example.com"},
+    "bob": {"slack": "U0BOB", "feishu": "ou_bob", "fake": "U_BOB", "email": "bob@example.com"},
+}
+OPERATORS = {
+    "ops": {"password_hash": "$argon2id$x"},
+    "al": {"password_hash": "$argon2id$y", "person": "alice"},
+}
+
+
+def test_every_channel_type_is_covered() -> None:
+    assert set(CHANNEL_BODIES) == set(CHANNEL_TYPES)
+    assert set(RAW_IDS) == {k for k, t in CHANNEL_TYPES.items() if t.identity.user_id is not None}
+
+
+def on_type(kind: str, approvers: list[str], *, escalated: bool = False) -> dict[str, Any]:
+    """A gate on a ``kind`` channel listing ``approvers`` (or a web gate escalating to that
+    channel with them)."""
+    listed = {"approvers": ["bob"], "escalate": [{"after": "5m", "channel": "here", "approvers": approvers}]}
+    return {
+        "channels": {"here": CHANNEL_BODIES[kind]},
+        "people": EVERYONE,
+        "operators": OPERATORS,
+        "agents": {
+            "finance-bot": {
+                "hooks": [
+                    gate(channel="web", quorum=1, **listed)
+                    if escalated
+                    else gate(channel="here", approvers=approvers, quorum=1)
+                ]
+            }
+        },
+    }
+
+
+def one_edit(word: str) -> st.SearchStrategy[str]:
+    """``word`` with one letter dropped, doubled, swapped with the next or replaced."""
+    letters = st.sampled_from("abcdefghijklmnopqrstuvwxyz")
+    at = st.integers(0, len(word) - 1)
+    return st.one_of(
+        at.map(lambda i: word[:i] + word[i + 1 :]),
+        at.map(lambda i: word[:i] + word[i] + word[i:]),
+        st.integers(0, len(word) - 2).map(lambda i: word[:i] + word[i + 1] + word[i] + word[i + 2 :]),
+        st.tuples(at, letters).map(lambda p: word[: p[0]] + p[1] + word[p[0] + 1 :]),
+    ).filter(lambda typo: typo != word)
+
+
+@pytest.mark.parametrize("escalated", [False, True], ids=["gate", "escalation"])
+@pytest.mark.parametrize("kind", sorted(CHANNEL_BODIES))
+@settings(max_examples=25, deadline=None)
+@given(typo=one_edit("alice"))
+def test_a_misspelt_approver_is_refused_on_every_channel_type_with_the_name_meant(
+    kind: str, escalated: bool, typo: str
+) -> None:
+    where = f"{AGENT}.escalate[0].approvers[0]" if escalated else f"{AGENT}.approvers[0]"
+    with pytest.raises(ConfigError) as info:
+        parse_config(on_type(kind, [typo, "bob"], escalated=escalated), source="signoff.yaml")
+    what = f"a {kind} user id" if kind in RAW_IDS else "an operator"
+    assert info.value.problems == [
+        f"signoff.yaml: {where}: {typo!r} is neither in people nor {what}; did you mean 'alice'?"
+    ]
+
+
+@pytest.mark.parametrize("escalated", [False, True], ids=["gate", "escalation"])
+@pytest.mark.parametrize("kind", sorted(CHANNEL_BODIES))
+def test_people_and_operators_are_approvers_on_every_channel_type(kind: str, escalated: bool) -> None:
+    approvers = ["alice", "bob", "ops"]
+    cfg = parse_config(on_type(kind, approvers, escalated=escalated))
+    hook = cfg.agents["finance-bot"].hooks[0]
+    assert isinstance(hook, ConfirmationGate)
+    assert (hook.escalate[0].approvers if escalated else hook.approvers) == tuple(approvers)
+
+
+@pytest.mark.parametrize("kind", sorted(CHANNEL_BODIES))
+def test_a_raw_id_is_an_approver_only_where_it_has_the_types_form(kind: str) -> None:
+    if kind in RAW_IDS:
+        hook = parse_config(on_type(kind, [RAW_IDS[kind]])).agents["finance-bot"].hooks[0]
+        assert isinstance(hook, ConfirmationGate)
+        assert hook.approvers == (RAW_IDS[kind],)
+    for raw in ["U0BOB123", "ou_bob1", "someone-else"]:
+        if kind in RAW_IDS and CHANNEL_TYPES[kind].identity.is_user_id(raw):
+            continue
+        with pytest.raises(ConfigError) as info:
+            parse_config(on_type(kind, [raw]), source="signoff.yaml")
+        [problem] = info.value.problems
+        assert problem.startswith(f"signoff.yaml: {AGENT}.approvers[0]: {raw!r} is neither in people nor ")
+
+
+@pytest.mark.parametrize(
+    ("approver", "meant"),
+    [
+        ("Alice", "'alice'"),  # another spelling of a key: the key is what to write
+        ("alice@example.com", "'alice'"),
+        ("U_ALICE", "'alice'"),
+        ("opz", "'ops'"),
+        ("al", None),
+        ("zed", None),
+    ],
+)
+def test_on_web_a_person_is_named_by_their_key(approver: str, meant: str | None) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(on_type("web", [approver]), source="signoff.yaml")
+    [problem] = info.value.problems
+    where = f"signoff.yaml: {AGENT}.approvers[0]: "
+    if approver == "al":
+        assert problem == f"{where}'al' is an operator who decides as 'alice'; list 'alice' instead"
+    elif meant is None:
+        assert problem == f"{where}{approver!r} is neither in people nor an operator; add them under people"
+    else:
+        assert problem == f"{where}{approver!r} is neither in people nor an operator; did you mean {meant}?"
+
+
+def test_config_check_refuses_a_misspelt_approver_in_one_line(tmp_path: Path) -> None:
+    body = doc(gate(channel="web", approvers=["alcie", "bob"]))
+    path = write(tmp_path, body)
+    done = subprocess.run(
+        [str(SIGNOFF), "config", "check", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"{path}: {AGENT}.approvers[0]: 'alcie' is neither in people nor an operator; did you mean 'alice'?\n"
+    )
 
 
 # --- ${ENV_VAR} ----------------------------------------------------------------------------------
@@ -723,7 +952,7 @@ def test_reminders_and_escalations_load() -> None:
         (
             {"escalate": [{"after": "10m", "channel": "pager", "approvers": ["zed"]}]},
             f"{AGENT}.escalate[0].approvers[0]",
-            ("'zed' is not in people", "add them under people"),
+            ("'zed' is neither in people nor an operator", "add them under people"),
         ),
         (
             {"escalate": [{"after": "soon", "channel": "pager"}]},
@@ -752,7 +981,8 @@ def test_an_escalation_approver_needs_an_id_on_the_escalation_channel(tmp_path: 
     assert problems == [
         f"{path}: {AGENT}.escalate[0].approvers[0]: 'carol' has no slack id in people; "
         "add `slack: <user id>` to people.carol",
-        f"{path}: {AGENT}.escalate[0].approvers[1]: 'Uxyz' is neither in people nor a slack user id",
+        f"{path}: {AGENT}.escalate[0].approvers[1]: 'Uxyz' is neither in people nor a slack user id; "
+        "add them under people",
     ]
 
 

@@ -199,6 +199,17 @@ def test_an_edit_never_carries_the_call_past_the_stricter_gate_unseen(amount: fl
         assert why is None, "lowering the amount out of this gate's own reach is the approver's call"
 
 
+not_numbers = st.none() | st.booleans() | plain_text | st.lists(st.integers(), max_size=3)
+
+
+@FAST
+@given(amount=not_numbers | st.dictionaries(plain_text, st.integers(), max_size=2))
+def test_an_edit_leaving_a_gates_condition_unevaluable_counts_as_reaching_it(amount: Any) -> None:
+    why = refusal({"amount": amount})
+    assert why is not None, "the treasury gate cannot tell: fail closed"
+    assert "'treasury'" in why
+
+
 words = st.text(st.characters(codec="ascii", categories=["L"]), min_size=1, max_size=12)
 
 

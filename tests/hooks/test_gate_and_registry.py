@@ -117,9 +117,62 @@ def test_when_over_nested_arguments_and_lists() -> None:
     ],
     ids=["missing", "string", "null", "bool", "list"],
 )
-def test_an_unevaluable_condition_counts_as_a_match(arguments: dict[str, Any]) -> None:
+def test_an_unevaluable_condition_counts_as_a_match_and_says_why(arguments: dict[str, Any]) -> None:
+    """A match (whatever asks whether the call reaches the gate must hear yes), which the gate
+    itself then denies (see test_a_gate_denies_a_call_its_condition_cannot_be_evaluated_for)."""
     gate = make_gate("pay_*", when="args.amount >= 50000")
     assert gate.matches(ctx(**arguments)) is True
+    why = gate.condition(ctx(**arguments))
+    assert isinstance(why, str)
+    if arguments:
+        assert why.startswith("No such overload: the operation is not defined for the given operand types")
+    else:
+        assert why == "no field 'amount' in the call"
+
+
+@pytest.mark.parametrize(("when", "kind"), [("args.amount", "int"), ("args.memo", "string"), ("args", "map")])
+def test_a_condition_that_gives_no_true_or_false_cannot_be_evaluated(when: str, kind: str) -> None:
+    gate = make_gate("pay_*", when=when)
+    call = ctx(amount=7, memo="the secret")
+    assert gate.condition(call) == f"the condition gave a {kind}, not true or false"
+    assert gate.matches(call) is True
+
+
+async def test_a_gate_denies_a_call_its_condition_cannot_be_evaluated_for() -> None:
+    recorded: list[tuple[str, dict[str, Any]]] = []
+
+    class Services:
+        def redact(self, value: Any) -> Any:
+            return value
+
+        async def record(self, c: HookContext, action: str, detail: Mapping[str, Any]) -> None:
+            recorded.append((action, dict(detail)))
+
+        async def request_approval(self, c: HookContext, gate: Any) -> HookResult:
+            raise AssertionError("nobody is asked")
+
+    gate = make_gate("pay_*", when="args.amount >= 50000", name="large payments")
+    call = HookContext(
+        agent_id="finance-bot",
+        tool_name="pay_x",
+        arguments={"amount": "lots"},
+        services=Services(),  # type: ignore[arg-type]
+    )
+    result = await gate.before_tool_use(call)
+    assert result.decision is Decision.DENY
+    assert result.reason == (
+        "gate 'large payments' could not evaluate its condition for this call (No such overload: the "
+        "operation is not defined for the given operand types), so the call is denied"
+    )
+    [(action, detail)] = recorded
+    assert action == "condition_error"
+    assert detail["gate"] == "large payments"
+    assert detail["when"] == "args.amount >= 50000"
+    assert detail["error"].startswith("No such overload")
+    assert (
+        await gate.refusal(HookContext(agent_id="finance-bot", tool_name="pay_x", arguments={"amount": 1}))
+        is None
+    )
 
 
 def test_unevaluable_condition_still_needs_the_tool_to_match() -> None:
