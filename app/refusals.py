@@ -31,7 +31,7 @@ from signoff.app.audit import Action, Actor, Entry
 from signoff.app.db import transaction
 from signoff.app.metrics import CALLBACK_REJECTIONS, reason_label
 from signoff.app.models import utcnow
-from signoff.channels._contract import duration_text
+from signoff.channels import duration_text
 
 __all__ = ["MAX_KEYS", "SAMPLED", "WINDOW_SECONDS", "Refusals"]
 
