@@ -25,7 +25,15 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app.audit import Actor, BrokenLink, verify_chain
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.config import ConfigError, SignoffConfig, load_config
-from signoff.app.db import create_engine, migrate, sessionmaker, transaction
+from signoff.app.db import (
+    SchemaError,
+    create_engine,
+    downgrade,
+    head_revision,
+    migrate,
+    sessionmaker,
+    transaction,
+)
 from signoff.app.keys import create_key, revoke_keys
 from signoff.app.models import AgentKey, ConfirmationRequest, Grant, Status, utcnow
 from signoff.app.operators import decide, resolve_grant
@@ -161,6 +169,8 @@ def _database(settings: Settings) -> Iterator[None]:
         yield
     except CliError:
         raise
+    except SchemaError as exc:
+        raise CliError(str(exc)) from None
     except Exception as exc:
         known = _database_error(exc, settings.database_url)
         if known is None:
@@ -214,13 +224,31 @@ def serve(
     )
 
 
+def _at(revision: str | None) -> str:
+    if revision is None:
+        return "no revision"
+    return f"{revision} (head)" if revision == head_revision() else revision
+
+
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
-    """Apply the migrations to SIGNOFF_DATABASE_URL."""
+    """Apply the migrations to SIGNOFF_DATABASE_URL, up to REVISION (default: head)."""
     settings = _settings()
     with _database(settings):
-        migrate(settings.database_url, revision)
-    typer.echo(f"database at {_safe_url(settings.database_url)} is at {revision}")
+        left = migrate(settings.database_url, revision)
+    typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision (`base`: before the first).")],
+) -> None:
+    """Undo the migrations after REVISION. Refused, with nothing changed, if that would drop
+    data the database holds."""
+    settings = _settings()
+    with _database(settings):
+        left = downgrade(settings.database_url, revision)
+    typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
 
 
 @config_app.command("check")
