@@ -77,6 +77,24 @@ T = TypeVar("T")
 CLI = Actor("cli", None, "command line")
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from signoff.app import version
+
+        typer.echo(f"signoff {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the release and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    pass
+
+
 class CliError(Exception):
     """A failure to report as one ``error: …`` line (exit code ``code``)."""
 

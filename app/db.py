@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ __all__ = [
     "head_revision",
     "insert_ignoring",
     "is_sqlite",
+    "log_failure",
     "migrate",
     "on_commit",
     "revisions",
@@ -69,6 +71,18 @@ UNAVAILABLE: tuple[type[Exception], ...] = (DBAPIError, OSError, PoolTimeout)
 an exhausted pool. (Its ``DataError``, a value it refuses, is the client's fault instead.)"""
 RETRY_AFTER_SECONDS = 1
 """The ``Retry-After`` of a 503 while the database is unavailable."""
+
+
+def log_failure(logger: logging.Logger, message: str, *args: object) -> None:
+    """Log the exception being handled by background work (the sweep, the outbox): a database
+    that cannot be used is one warning line (what it said first), anything else a traceback."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, UNAVAILABLE):
+        error = getattr(exc, "orig", None) or exc
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        logger.warning("%s: %s: %s", message % args, type(error).__name__, first[:300])
+    else:
+        logger.exception(message, *args)
 
 
 def async_url(url: str) -> str:
@@ -426,12 +440,15 @@ def migrate(url: str, revision: str = "head") -> str | None:
     from alembic import command
 
     current = current_revision(url)
-    if _target(revision) < _position(current, url):
+    target, now = _target(revision), _position(current, url)
+    if target < now:
         raise SchemaError(
             f"the database at {_where(url)} is at {current}, past {revision}: an upgrade never goes back; "
             f"run `signoff db downgrade {revision}` to go back"
         )
-    command.upgrade(_alembic(url), revision)
+    if target > now:
+        command.upgrade(_alembic(url), revision)
+    # Already there: nothing is written (a read-only database still starts, and says so).
     return current_revision(url)
 
 

@@ -19,11 +19,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from signoff.app import console
+from signoff.app import console, version
 from signoff.app.bodies import storable
-from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
+from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, log_failure, transaction
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
+from signoff.app.readiness import UNAVAILABLE as UNAVAILABLE_REASON
 from signoff.app.replicas import REPORT_SECONDS
 from signoff.app.requests.states import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.routers import admin, agent, approve, callbacks, ops
@@ -124,7 +125,7 @@ async def sweep(runtime: Runtime) -> None:
             if len(expired) < 500:
                 return
     except Exception:
-        log.exception("expiry sweep failed")
+        log_failure(log, "expiry sweep failed")
 
 
 def _reload_on_sighup(runtime: Runtime) -> None:
@@ -225,7 +226,7 @@ def create_app(
     app = FastAPI(
         title="Signoff",
         summary="Human approval for AI agents' tool calls",
-        version="1",
+        version=version(),
         lifespan=lifespan,
         # Signoff exports Prometheus metrics, not OpenTelemetry: without this FastAPI asks
         # the OpenTelemetry globals (environment look-ups) on every request.
@@ -242,12 +243,11 @@ def create_app(
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
         cause = exc.__cause__ if isinstance(exc, ServiceUnavailable) and exc.__cause__ else exc
-        log.error("database unavailable on %s: %s: %s", request.url.path, type(cause).__name__, cause)
-        return JSONResponse(
-            {"detail": "the database is unavailable; try again"},
-            503,
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        )
+        rt: Runtime | None = getattr(request.app.state, "runtime", None)
+        reason = await rt.readiness.explain(cause) if rt is not None else UNAVAILABLE_REASON
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        log.error("%s (on %s: %s: %s)", reason, request.url.path, type(cause).__name__, first)
+        return JSONResponse({"detail": reason}, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     async def unstorable(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": "a value cannot be stored (out of range or not valid text)"}, 422)

@@ -34,7 +34,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
-from signoff.app.db import transaction
+from signoff.app.db import log_failure, transaction
 from signoff.app.deliveries import WEBHOOK
 from signoff.app.metrics import DELIVERIES, WEBHOOK_DELIVERIES
 from signoff.app.models import (
@@ -104,7 +104,7 @@ class Dispatcher:
             try:
                 sent = await self.run_once()
             except Exception:
-                log.exception("outbox pass failed")
+                log_failure(log, "outbox pass failed")
                 sent = 0
             if sent == 0:
                 self._wake.clear()
@@ -160,7 +160,7 @@ class Dispatcher:
             try:
                 await self._deliver(delivery_id, now)
             except Exception:
-                log.exception("delivery %s failed unexpectedly", delivery_id)
+                log_failure(log, "delivery %s failed unexpectedly", delivery_id)
 
     async def _deliver(self, delivery_id: int, now: datetime) -> None:
         async with self._reads() as session:

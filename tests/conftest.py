@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,19 @@ def db_url(request: pytest.FixtureRequest) -> str:
     url: str = request.getfixturevalue(f"{request.param}_url")
     _truncate(url)
     return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database on SQLite and on PostgreSQL (dropped after the test)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'signoff.db'}"
+        return
+    u = make_url(PG_URL)
+    url = u.set(database=f"{u.database}_m_{uuid.uuid4().hex[:12]}").render_as_string(hide_password=False)
+    _ensure_pg_database(url)
+    yield url
+    _drop_pg_database(url)
 
 
 def _truncate(url: str) -> None:
