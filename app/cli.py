@@ -207,6 +207,7 @@ def serve(
     """Apply the migrations, then serve the API."""
     import uvicorn
 
+    from signoff.app.drain import Server
     from signoff.app.logs import configure_logging
     from signoff.app.main import create_app
     from signoff.app.runtime import missing_link_settings
@@ -227,19 +228,21 @@ def serve(
     # (about twice as fast, and no pause of a tenth of a second under load).
     gc.collect()
     gc.freeze()
-    uvicorn.run(
+    listening = uvicorn.Config(
         application,
         host=host or settings.host,
         port=port or settings.port,
         log_config=None,  # keep the logging configured above
         log_level=settings.log_level.lower(),
         access_log=False,
-        # Long-polls are re-attached by clients; do not hold a restart for them.
-        timeout_graceful_shutdown=3,
+        # On SIGTERM waiting agents are answered at once (to wait again elsewhere); requests
+        # in flight and the outbox's sends get this long (signoff.app.drain).
+        timeout_graceful_shutdown=settings.shutdown_seconds,
         # Thousands of agents re-attach at once after a restart; a short accept queue drops
         # their SYNs into seconds-long retries (the kernel caps this at net.core.somaxconn).
         backlog=8192,
     )
+    Server(listening, application.state.drain).run()
 
 
 def _at(revision: str | None) -> str:

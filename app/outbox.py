@@ -97,16 +97,23 @@ class Dispatcher:
         self._lease = timedelta(seconds=lease_seconds)
         self._slots = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Claim nothing more: :meth:`run` returns once the deliveries it holds are sent and
+        recorded (a graceful stop; see :mod:`signoff.app.drain`)."""
+        self._stopping = True
+        self._wake.set()
 
     async def run(self) -> None:
-        """Deliver until cancelled."""
-        while True:
+        """Deliver until cancelled or :meth:`stop`."""
+        while not self._stopping:
             try:
                 sent = await self.run_once()
             except Exception:
                 log_failure(log, "outbox pass failed")
                 sent = 0
-            if sent == 0:
+            if sent == 0 and not self._stopping:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), self._poll)
