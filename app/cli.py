@@ -25,7 +25,15 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app.audit import Actor, BrokenLink, verify_chain
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.config import ConfigError, SignoffConfig, load_config
-from signoff.app.db import create_engine, migrate, sessionmaker, transaction
+from signoff.app.db import (
+    SchemaError,
+    create_engine,
+    downgrade,
+    head_revision,
+    migrate,
+    sessionmaker,
+    transaction,
+)
 from signoff.app.keys import create_key, revoke_keys
 from signoff.app.models import AgentKey, ConfirmationRequest, Grant, Status, utcnow
 from signoff.app.operators import decide, resolve_grant
@@ -67,6 +75,24 @@ for sub, name in [
 
 T = TypeVar("T")
 CLI = Actor("cli", None, "command line")
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from signoff.app import version
+
+        typer.echo(f"signoff {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the release and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    pass
 
 
 class CliError(Exception):
@@ -161,6 +187,8 @@ def _database(settings: Settings) -> Iterator[None]:
         yield
     except CliError:
         raise
+    except SchemaError as exc:
+        raise CliError(str(exc)) from None
     except Exception as exc:
         known = _database_error(exc, settings.database_url)
         if known is None:
@@ -179,6 +207,7 @@ def serve(
     """Apply the migrations, then serve the API."""
     import uvicorn
 
+    from signoff.app.drain import Server
     from signoff.app.logs import configure_logging
     from signoff.app.main import create_app
     from signoff.app.runtime import missing_link_settings
@@ -199,28 +228,48 @@ def serve(
     # (about twice as fast, and no pause of a tenth of a second under load).
     gc.collect()
     gc.freeze()
-    uvicorn.run(
+    listening = uvicorn.Config(
         application,
         host=host or settings.host,
         port=port or settings.port,
         log_config=None,  # keep the logging configured above
         log_level=settings.log_level.lower(),
         access_log=False,
-        # Long-polls are re-attached by clients; do not hold a restart for them.
-        timeout_graceful_shutdown=3,
+        # On SIGTERM waiting agents are answered at once (to wait again elsewhere); requests
+        # in flight and the outbox's sends get this long (signoff.app.drain).
+        timeout_graceful_shutdown=settings.shutdown_seconds,
         # Thousands of agents re-attach at once after a restart; a short accept queue drops
         # their SYNs into seconds-long retries (the kernel caps this at net.core.somaxconn).
         backlog=8192,
     )
+    Server(listening, application.state.drain).run()
+
+
+def _at(revision: str | None) -> str:
+    if revision is None:
+        return "no revision"
+    return f"{revision} (head)" if revision == head_revision() else revision
 
 
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
-    """Apply the migrations to SIGNOFF_DATABASE_URL."""
+    """Apply the migrations to SIGNOFF_DATABASE_URL, up to REVISION (default: head)."""
     settings = _settings()
     with _database(settings):
-        migrate(settings.database_url, revision)
-    typer.echo(f"database at {_safe_url(settings.database_url)} is at {revision}")
+        left = migrate(settings.database_url, revision)
+    typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision (`base`: before the first).")],
+) -> None:
+    """Undo the migrations after REVISION. Refused, with nothing changed, if that would drop
+    data the database holds."""
+    settings = _settings()
+    with _database(settings):
+        left = downgrade(settings.database_url, revision)
+    typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
 
 
 @config_app.command("check")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import SessionTransaction
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -36,18 +37,25 @@ __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
     "Events",
+    "SchemaError",
     "Session",
     "Subscribers",
     "Wakeups",
     "async_url",
     "before_commit",
     "create_engine",
+    "current_revision",
     "dialect_of",
+    "downgrade",
     "emit",
+    "head_revision",
     "insert_ignoring",
     "is_sqlite",
+    "log_failure",
     "migrate",
     "on_commit",
+    "revisions",
+    "schema_revision",
     "sessionmaker",
     "subscribers",
     "transaction",
@@ -63,6 +71,18 @@ UNAVAILABLE: tuple[type[Exception], ...] = (DBAPIError, OSError, PoolTimeout)
 an exhausted pool. (Its ``DataError``, a value it refuses, is the client's fault instead.)"""
 RETRY_AFTER_SECONDS = 1
 """The ``Retry-After`` of a 503 while the database is unavailable."""
+
+
+def log_failure(logger: logging.Logger, message: str, *args: object) -> None:
+    """Log the exception being handled by background work (the sweep, the outbox): a database
+    that cannot be used is one warning line (what it said first), anything else a traceback."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, UNAVAILABLE):
+        error = getattr(exc, "orig", None) or exc
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        logger.warning("%s: %s: %s", message % args, type(error).__name__, first[:300])
+    else:
+        logger.exception(message, *args)
 
 
 def async_url(url: str) -> str:
@@ -333,15 +353,128 @@ async def transaction(factory: async_sessionmaker[AsyncSession]) -> AsyncIterato
     # closing it would only cost a greenlet hop on every request of the allow path.
 
 
-def migrate(url: str, revision: str = "head") -> None:
-    """Apply the Alembic migrations to ``url`` (call outside a running event loop)."""
-    from alembic import command
+class SchemaError(Exception):
+    """The database's schema cannot be moved as asked; the message says why and what to do."""
+
+
+def _alembic(url: str) -> Any:
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["database_url"] = async_url(url)
-    command.upgrade(cfg, revision)
+    return cfg
+
+
+@functools.cache
+def revisions() -> tuple[str, ...]:
+    """This release's migration revisions, oldest first (the history is one line)."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(MIGRATIONS))
+    return tuple(reversed([s.revision for s in script.walk_revisions()]))
+
+
+def head_revision() -> str:
+    """The revision this release's code expects the database at."""
+    return revisions()[-1]
+
+
+async def schema_revision(connection: AsyncConnection) -> str | None:
+    """The revision the database is at; None before the first migration."""
+    from alembic.runtime.migration import MigrationContext
+
+    heads = await connection.run_sync(lambda c: MigrationContext.configure(c).get_current_heads())
+    return heads[0] if heads else None
+
+
+def current_revision(url: str) -> str | None:
+    """:func:`schema_revision` of ``url`` (call outside a running event loop)."""
+
+    async def read() -> str | None:
+        engine = create_engine(url, readonly=True)
+        try:
+            async with engine.connect() as conn:
+                return await schema_revision(conn)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
+
+
+def _position(revision: str | None, url: str) -> int:
+    """Where ``revision`` stands in :func:`revisions` (-1: none yet)."""
+    if revision is None:
+        return -1
+    if revision not in revisions():
+        raise SchemaError(
+            f"the database at {_where(url)} is at revision {revision}, which this release does not know "
+            "(a newer release migrated it): run that release, or downgrade with it first"
+        )
+    return revisions().index(revision)
+
+
+def _where(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _target(revision: str) -> int:
+    if revision in ("head", "heads"):
+        return len(revisions()) - 1
+    if revision == "base":
+        return -1
+    if revision not in revisions():
+        raise SchemaError(
+            f"there is no revision {revision!r}: name one of {', '.join(revisions())}, head or base"
+        )
+    return revisions().index(revision)
+
+
+def migrate(url: str, revision: str = "head") -> str | None:
+    """Upgrade ``url`` to ``revision`` (call outside a running event loop); returns the revision
+    it is left at.
+
+    Raises :class:`SchemaError` for a revision below the database's own (that is a
+    :func:`downgrade`) and for a database at a revision this release does not know.
+    """
+    from alembic import command
+
+    current = current_revision(url)
+    target, now = _target(revision), _position(current, url)
+    if target < now:
+        raise SchemaError(
+            f"the database at {_where(url)} is at {current}, past {revision}: an upgrade never goes back; "
+            f"run `signoff db downgrade {revision}` to go back"
+        )
+    if target > now:
+        command.upgrade(_alembic(url), revision)
+    # Already there: nothing is written (a read-only database still starts, and says so).
+    return current_revision(url)
+
+
+def downgrade(url: str, revision: str) -> str | None:
+    """Downgrade ``url`` to ``revision`` (call outside a running event loop); returns the
+    revision it is left at.
+
+    Raises :class:`SchemaError` when the database is below ``revision`` already, at a revision
+    this release does not know, or holds data the downgrade would drop (nothing is changed:
+    see :mod:`signoff.migrations.history`).
+    """
+    from alembic import command
+
+    from signoff.migrations.history import DowngradeRefused
+
+    current = current_revision(url)
+    if _target(revision) > _position(current, url):
+        raise SchemaError(
+            f"the database at {_where(url)} is at {current or 'no revision'}, below {revision}: "
+            f"run `signoff db upgrade {revision}` to go forward"
+        )
+    try:
+        command.downgrade(_alembic(url), revision)
+    except DowngradeRefused as exc:
+        raise SchemaError(str(exc)) from None
+    return current_revision(url)
 
 
 def core_row(obj: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:

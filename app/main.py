@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
@@ -19,17 +20,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from signoff.app import console, refusals
+from signoff.app import console, refusals, version
 from signoff.app.bodies import storable
-from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, transaction
+from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, log_failure, transaction
+from signoff.app.drain import STOPPING, AnswerCancelled, Drain
 from signoff.app.logs import RequestId
 from signoff.app.outbox import Dispatcher
+from signoff.app.readiness import UNAVAILABLE as UNAVAILABLE_REASON
 from signoff.app.replicas import REPORT_SECONDS
 from signoff.app.requests.states import NOTIFY_CHANNEL, expire_overdue
 from signoff.app.routers import admin, agent, approve, callbacks, ops
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
-from signoff.app.waiters import listen_for_decisions
+from signoff.app.waiters import Draining, listen_for_decisions
 from signoff.hooks import ServiceUnavailable
 
 __all__ = ["create_app"]
@@ -115,6 +118,14 @@ class _TooLarge(HTTPException):
         super().__init__(413, f"request body is larger than {limit} bytes")
 
 
+async def _job(work: Callable[[], Awaitable[None]]) -> None:
+    """A scheduled job. Cancelled by the server's stop, it ends without a word: what it was
+    writing is rolled back, and the next run (here after a restart, or on another replica)
+    does it."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await work()
+
+
 async def sweep(runtime: Runtime) -> None:
     """Expire overdue requests (APScheduler job; every replica runs it safely)."""
     try:
@@ -124,7 +135,7 @@ async def sweep(runtime: Runtime) -> None:
             if len(expired) < 500:
                 return
     except Exception:
-        log.exception("expiry sweep failed")
+        log_failure(log, "expiry sweep failed")
 
 
 def _reload_on_sighup(runtime: Runtime) -> None:
@@ -153,7 +164,20 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         rt = runtime or Runtime.create(settings)
         app.state.runtime = rt
+        drain: Drain = app.state.drain
+
+        def stopping() -> None:
+            parked = rt.hub.drain()
+            log.info(
+                "stopping: %d waiting agents told to wait again elsewhere; finishing the requests "
+                "in flight and the outbox's sends (at most %g s)",
+                parked,
+                drain.seconds,
+            )
+
+        drain.on_begin(stopping)
         tasks: list[asyncio.Task[None]] = []
+        outbox: asyncio.Task[None] | None = None
         scheduler = AsyncIOScheduler()
         # Webhooks share one client (its connections); redirects are never followed.
         http = httpx.AsyncClient(follow_redirects=False)
@@ -161,9 +185,9 @@ def create_app(
             await rt.start_channels()
             _reload_on_sighup(rt)
             scheduler.add_job(
-                sweep,
+                _job,
                 "interval",
-                args=[rt],
+                args=[functools.partial(sweep, rt)],
                 seconds=settings.sweep_interval_seconds,
                 max_instances=1,
                 coalesce=True,
@@ -173,8 +197,9 @@ def create_app(
                 next_run_time=datetime.now(UTC),
             )
             scheduler.add_job(
-                rt.report_replica,
+                _job,
                 "interval",
+                args=[rt.report_replica],
                 seconds=REPORT_SECONDS,
                 max_instances=1,
                 coalesce=True,
@@ -201,7 +226,9 @@ def create_app(
                 http=http,
                 public_url=settings.public_url,
             )
-            tasks.append(asyncio.create_task(dispatcher.run(), name="outbox"))
+            outbox = asyncio.create_task(dispatcher.run(), name="outbox")
+            tasks.append(outbox)
+            drain.on_begin(dispatcher.stop)
             tasks.append(
                 asyncio.create_task(
                     rt.hub.poll_other_processes(rt.recently_decided, settings.cross_process_poll_seconds),
@@ -217,11 +244,15 @@ def create_app(
         try:
             yield
         finally:
+            drain.begin()  # begun already when uvicorn stopped on a signal (drain.Server)
             if background:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if scheduler.running:
                 scheduler.shutdown(wait=False)
+            if outbox is not None:
+                # The deliveries it holds are sent and recorded, not left to their lease.
+                await asyncio.wait({outbox}, timeout=drain.remaining())
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -236,7 +267,7 @@ def create_app(
     app = FastAPI(
         title="Signoff",
         summary="Human approval for AI agents' tool calls",
-        version="1",
+        version=version(),
         lifespan=lifespan,
         # Signoff exports Prometheus metrics, not OpenTelemetry: without this FastAPI asks
         # the OpenTelemetry globals (environment look-ups) on every request.
@@ -244,6 +275,7 @@ def create_app(
     )
     if runtime is not None:
         app.state.runtime = runtime
+    app.state.drain = Drain(settings.shutdown_seconds)
     app.include_router(agent.router)
     app.include_router(admin.router)
     app.include_router(callbacks.router)
@@ -253,18 +285,21 @@ def create_app(
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
         cause = exc.__cause__ if isinstance(exc, ServiceUnavailable) and exc.__cause__ else exc
-        log.error("database unavailable on %s: %s: %s", request.url.path, type(cause).__name__, cause)
-        return JSONResponse(
-            {"detail": "the database is unavailable; try again"},
-            503,
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        )
+        rt: Runtime | None = getattr(request.app.state, "runtime", None)
+        reason = await rt.readiness.explain(cause) if rt is not None else UNAVAILABLE_REASON
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        log.error("%s (on %s: %s: %s)", reason, request.url.path, type(cause).__name__, first)
+        return JSONResponse({"detail": reason}, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+    async def stopping(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": STOPPING}, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     async def unstorable(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": "a value cannot be stored (out of range or not valid text)"}, 422)
 
     # Bad data reaching the database is the client's fault: 422, not "unavailable".
     app.add_exception_handler(DataError, unstorable)
+    app.add_exception_handler(Draining, stopping)
     # A driver error, a refused connection or an exhausted pool, whether met by a route or by
     # a hook's services: the agent is told to retry (its client keeps trying within its own
     # deadline, then denies), never handed a final deny or a 500.
@@ -275,4 +310,5 @@ def create_app(
     app.add_middleware(agent.PreToolUseFirst)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestId)
+    app.add_middleware(AnswerCancelled, drain=app.state.drain)
     return app

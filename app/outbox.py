@@ -34,7 +34,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
-from signoff.app.db import transaction
+from signoff.app.db import log_failure, transaction
 from signoff.app.deliveries import WEBHOOK
 from signoff.app.metrics import DELIVERIES, WEBHOOK_DELIVERIES
 from signoff.app.models import (
@@ -100,16 +100,23 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
         self._public_url = public_url
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Claim nothing more: :meth:`run` returns once the deliveries it holds are sent and
+        recorded (a graceful stop; see :mod:`signoff.app.drain`)."""
+        self._stopping = True
+        self._wake.set()
 
     async def run(self) -> None:
-        """Deliver until cancelled."""
-        while True:
+        """Deliver until cancelled or :meth:`stop`."""
+        while not self._stopping:
             try:
                 sent = await self.run_once()
             except Exception:
-                log.exception("outbox pass failed")
+                log_failure(log, "outbox pass failed")
                 sent = 0
-            if sent == 0:
+            if sent == 0 and not self._stopping:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), self._poll)
@@ -163,7 +170,7 @@ class Dispatcher:
             try:
                 await self._deliver(delivery_id, now)
             except Exception:
-                log.exception("delivery %s failed unexpectedly", delivery_id)
+                log_failure(log, "delivery %s failed unexpectedly", delivery_id)
 
     async def _deliver(self, delivery_id: int, now: datetime) -> None:
         async with self._reads() as session:

@@ -17,9 +17,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit, metrics, replicas, webhooks
 from signoff.app.channel_types import build_channel, needs_links
 from signoff.app.config import ConfigError, SignoffConfig, load_config
-from signoff.app.db import Wakeups, create_engine, is_sqlite, sessionmaker, transaction
+from signoff.app.db import Wakeups, create_engine, is_sqlite, log_failure, sessionmaker, transaction
 from signoff.app.keys import AgentKeys
 from signoff.app.models import ConfirmationRequest, utcnow
+from signoff.app.readiness import Readiness
 from signoff.app.refusals import Refusals
 from signoff.app.requests.clicks import ClickService
 from signoff.app.requests.intake import Intake
@@ -136,6 +137,8 @@ class Runtime:
     """The agent keys this process has found live, remembered for a moment."""
     refusals: Refusals = field(init=False)
     """This process's refused callbacks: counted, and sampled into the audit log."""
+    readiness: Readiness = field(init=False)
+    """Whether the database lets this server serve, and why not (``/readyz``, 503s)."""
     version: str = ""
     """The loaded configuration's :func:`config_version`."""
     loaded_at: datetime = field(default_factory=utcnow)
@@ -152,6 +155,7 @@ class Runtime:
         self.clicks = self._click_service()
         self.keys = AgentKeys(self.reads)
         self.refusals = Refusals(self.sessions)
+        self.readiness = Readiness(self.engine, self.reads.kw["bind"], self.settings.database_url)
         self.version = self.version or self.config.version
         metrics.CONFIG_INFO.clear()
         metrics.CONFIG_INFO.labels(self.version).set(1)
@@ -216,7 +220,7 @@ class Runtime:
                     session, self.replica, version=self.version, loaded_at=self.loaded_at, now=utcnow()
                 )
         except Exception:
-            log.warning("could not record this replica's configuration version", exc_info=True)
+            log_failure(log, "could not record this replica's configuration version")
 
     async def start_channels(self) -> None:
         """Start the channels' own connections; clicks on them reach the current configuration."""

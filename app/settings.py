@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     outbox_lease_seconds: float = Field(default=30.0, gt=0)
     """How long a delivery is held by the dispatcher sending it; after a crash it is sent again
     once this runs out. Keep it well above the chat platform's slowest answer."""
+    shutdown_seconds: int = Field(default=5, ge=1, le=300)
+    """How long a stopping server (SIGTERM) gives requests in flight and the outbox's sends to
+    finish; it exits within this and the time to close its connections (see signoff.app.drain)."""
     cross_process_poll_seconds: float = 1.0
     """How often a waiter re-reads its request, to learn of decisions made by another process."""
     session_secret: SecretStr | None = None

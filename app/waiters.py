@@ -15,11 +15,16 @@ from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-__all__ = ["Hub", "listen_for_decisions"]
+__all__ = ["Draining", "Hub", "listen_for_decisions"]
 
 log = logging.getLogger("signoff.waiters")
 
 RecentlyDecided = Callable[[datetime], Coroutine[Any, Any, list[tuple[str, datetime]]]]
+
+
+class Draining(Exception):
+    """This server is stopping: a wait on an undecided request is answered 503 with
+    ``Retry-After`` instead of parking, so that its agent re-attaches elsewhere."""
 
 
 class Hub:
@@ -27,6 +32,8 @@ class Hub:
 
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self.draining = False
+        """Set by :meth:`drain`: waits no longer park."""
 
     @property
     def waiting(self) -> int:
@@ -39,8 +46,20 @@ class Hub:
 
     def subscribe(self, request_id: str) -> asyncio.Event:
         ev = asyncio.Event()
+        if self.draining:
+            ev.set()
         self._waiters.setdefault(request_id, set()).add(ev)
         return ev
+
+    def drain(self) -> int:
+        """Wake every waiter and park no more (the server is stopping); returns how many were
+        waiting. Each woken wait answers with its request if it is decided, else raises
+        :class:`Draining`."""
+        self.draining = True
+        for bucket in self._waiters.values():
+            for ev in bucket:
+                ev.set()
+        return self.waiting
 
     def unsubscribe(self, request_id: str, ev: asyncio.Event) -> None:
         bucket = self._waiters.get(request_id)

@@ -4,8 +4,10 @@ real HTTP server (uvicorn on a loopback port) around the app."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,34 @@ def db_url(request: pytest.FixtureRequest) -> str:
     return url
 
 
+@contextlib.contextmanager
+def _empty_database(kind: str, tmp_path: Path) -> Iterator[str]:
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'signoff.db'}"
+        return
+    u = make_url(PG_URL)
+    url = u.set(database=f"{u.database}_m_{uuid.uuid4().hex[:12]}").render_as_string(hide_password=False)
+    _ensure_pg_database(url)
+    try:
+        yield url
+    finally:
+        _drop_pg_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of this test's own (no revision yet), on SQLite and on PostgreSQL."""
+    with _empty_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_empty_url(tmp_path: Path) -> Iterator[str]:
+    """An empty PostgreSQL database of this test's own."""
+    with _empty_database("postgres", tmp_path) as url:
+        yield url
+
+
 def _truncate(url: str) -> None:
     from signoff.app.db import create_engine
 
@@ -195,7 +225,7 @@ class Server:
         self.runtime = runtime
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(runtime, background=background)
+        self.app = app = create_app(runtime, background=background)
         self._server = uvicorn.Server(
             uvicorn.Config(
                 app,

@@ -51,6 +51,7 @@ from signoff.app.schemas import (
     ToolCallIn,
     Unprocessable,
 )
+from signoff.app.waiters import Draining
 from signoff.hooks import Decision, HookContext, HookRegistry, HookResult
 
 router = APIRouter(prefix="/v1", tags=["agent"], route_class=StrictJSONRoute)
@@ -409,7 +410,9 @@ async def wait_request(
     runtime: RuntimeDep,
     timeout: Annotated[float, Query(ge=0, le=60, description="Seconds to wait at most (≤ 60).")] = 30,
 ) -> RequestOut:
-    """Return as soon as the request is decided, or after ``timeout`` with its current state."""
+    """Return as soon as the request is decided, or after ``timeout`` with its current state.
+    While this server is stopping, an undecided request is answered 503 with ``Retry-After``
+    at once: wait again (another server, or this one restarted, answers)."""
     timeout = min(timeout, runtime.settings.max_wait_seconds)
     woken = runtime.hub.subscribe(request_id)
     try:
@@ -421,7 +424,10 @@ async def wait_request(
                 await woken.wait()
         except TimeoutError:
             pass
-        return await _own(runtime, agent, request_id)
+        current = await _own(runtime, agent, request_id)
+        if runtime.hub.draining and current.status not in TERMINAL:
+            raise Draining(request_id)  # 503 with Retry-After: re-attach to another server
+        return current
     finally:
         runtime.hub.unsubscribe(request_id, woken)
 

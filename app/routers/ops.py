@@ -9,6 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlmodel import col, select
 
 from signoff.app import metrics as m
+from signoff.app import version
+from signoff.app.db import RETRY_AFTER_SECONDS, head_revision
 from signoff.app.deliveries import WEBHOOK
 from signoff.app.deps import RuntimeDep
 from signoff.app.models import ConfirmationRequest, Delivery, OutboxStatus, Status, utcnow
@@ -18,19 +20,23 @@ router = APIRouter(tags=["ops"])
 
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
-    """The process is up."""
-    return {"status": "ok"}
+    """The process is up; which release it runs."""
+    return {"status": "ok", "version": version()}
 
 
 @router.get("/readyz")
 async def readyz(runtime: RuntimeDep) -> JSONResponse:
-    """The database answers."""
-    try:
-        async with runtime.engine.connect() as conn:
-            await conn.execute(sa.text("SELECT 1"))
-    except Exception as exc:
-        return JSONResponse({"status": "unavailable", "reason": f"database: {type(exc).__name__}"}, 503)
-    return JSONResponse({"status": "ready"})
+    """Whether this server can serve: its database answers, is writable, has disk space and
+    its schema is at this release's revision (see :mod:`signoff.app.readiness`). 503 names
+    each problem in ``reason``."""
+    problems = await runtime.readiness.problems()
+    if problems:
+        return JSONResponse(
+            {"status": "unavailable", "reason": "; ".join(problems), "version": version()},
+            503,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    return JSONResponse({"status": "ready", "version": version(), "revision": head_revision()})
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
