@@ -1,5 +1,6 @@
 """Shared fixtures: real SQLite and PostgreSQL databases built by the migrations, and a
-real HTTP server (uvicorn on a loopback port) around the app."""
+real HTTP server (uvicorn on a loopback port) around the app. Tests run on SQLite; those
+marked ``postgres`` on PostgreSQL as well (tests/README.md)."""
 
 from __future__ import annotations
 
@@ -138,10 +139,18 @@ def postgres_url() -> Iterator[str]:
     _drop_pg_database(url)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``postgres`` runs on both databases; every other test on SQLite alone
+    (tests/README.md says which tests are marked)."""
+    if "db_url" in metafunc.fixturenames and metafunc.definition.get_closest_marker("postgres"):
+        metafunc.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+
+
+@pytest.fixture
 def db_url(request: pytest.FixtureRequest) -> str:
-    """Each test that uses this runs once on SQLite and once on PostgreSQL, on a clean schema."""
-    url: str = request.getfixturevalue(f"{request.param}_url")
+    """A clean, migrated database: SQLite, or for a test marked ``postgres`` once SQLite and
+    once PostgreSQL."""
+    url: str = request.getfixturevalue(f"{getattr(request, 'param', 'sqlite')}_url")
     _truncate(url)
     return url
 

@@ -1,5 +1,10 @@
 """The two distributions as a user installs them: built from this repository (sdist, then the
-wheel from the sdist), each installed into a fresh virtualenv, looked at from the outside."""
+wheel from the sdist), each installed into a fresh virtualenv, looked at from the outside.
+
+The wheels are built once per run, and each set of extras gets one virtualenv per run, shared
+by the tests that look at it. The virtualenvs are made without pip of their own and filled by
+this environment's pip (``pip --python``), without compiling bytecode: what is installed, and
+how it imports and runs, is what a user's ``pip install`` gives."""
 
 from __future__ import annotations
 
@@ -27,21 +32,47 @@ def run(*args: str | Path, timeout: float = 600, **kw: object) -> str:
     return str(done.stdout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both distributions, built once per run."""
     out = tmp_path_factory.mktemp("dist")
     for source in (REPO / "hooks", REPO):
         run(sys.executable, "-m", "build", "--outdir", out, source)
     return out
 
 
-def venv(path: Path) -> Path:
-    run(sys.executable, "-m", "venv", path)
-    return path / "bin" / "python"
+def pip(python: Path, *args: str | Path) -> str:
+    """This environment's pip, acting on the virtualenv of ``python``."""
+    return run(sys.executable, "-m", "pip", "--python", python, *args)
+
+
+class Virtualenvs:
+    """One fresh virtualenv per requirement (a distribution with its extras), made the first
+    time a test asks for it and shared for the rest of the run."""
+
+    def __init__(self, dist: Path, root: Path) -> None:
+        self.dist = dist
+        self.root = root
+        self.made: dict[str, Path] = {}
+
+    def __call__(self, requirement: str) -> Path:
+        """The ``python`` of the virtualenv with ``requirement`` installed from the built wheels."""
+        if requirement not in self.made:
+            path = self.root / f"venv-{len(self.made)}"
+            run(sys.executable, "-m", "venv", "--without-pip", path)
+            python = path / "bin" / "python"
+            pip(python, "install", "--quiet", "--no-compile", "--find-links", self.dist, requirement)
+            self.made[requirement] = python
+        return self.made[requirement]
+
+
+@pytest.fixture(scope="session")
+def virtualenv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Virtualenvs:
+    return Virtualenvs(dist, tmp_path_factory.mktemp("venvs"))
 
 
 def installed(python: Path) -> set[str]:
-    listed = json.loads(run(python, "-m", "pip", "list", "--format", "json"))
+    listed = json.loads(pip(python, "list", "--format", "json"))
     return {p["name"].lower().replace("_", "-") for p in listed} - {"pip", "setuptools"}
 
 
@@ -110,12 +141,10 @@ def script(
     return done.returncode, done.stdout, done.stderr
 
 
-@pytest.fixture(scope="module")
-def agent(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv holding signoff-hooks alone, as an agent installs it: its ``bin``."""
-    python = venv(tmp_path_factory.mktemp("agent") / "venv")
-    run(python, "-m", "pip", "install", "--quiet", "--find-links", dist, f"signoff-hooks=={VERSION}")
-    return python.parent
+@pytest.fixture
+def agent(virtualenv: Virtualenvs) -> Path:
+    """The virtualenv holding signoff-hooks alone, as an agent installs it: its ``bin``."""
+    return virtualenv(f"signoff-hooks=={VERSION}").parent
 
 
 def test_signoff_hooks_alone_needs_only_httpx(agent: Path) -> None:
@@ -204,10 +233,9 @@ def test_a_signoff_package_in_the_project_directory_alone_shadows_nothing(
     ],
 )
 def test_each_extra_brings_its_runtime(
-    dist: Path, tmp_path: Path, extra: str, module: str, framework: str
+    virtualenv: Virtualenvs, extra: str, module: str, framework: str
 ) -> None:
-    python = venv(tmp_path / "agent")
-    run(python, "-m", "pip", "install", "--quiet", "--find-links", dist, f"signoff-hooks[{extra}]=={VERSION}")
+    python = virtualenv(f"signoff-hooks[{extra}]=={VERSION}")
     assert framework in installed(python)
     assert "signoff" not in installed(python)  # the framework's own dependencies, never the server
     run(python, "-c", f"import {module}")
@@ -216,11 +244,10 @@ def test_each_extra_brings_its_runtime(
         assert "mcp__NAME__TOOL" in help_text
 
 
-def test_the_server_wheel_serves_its_migrations_and_console(dist: Path, tmp_path: Path) -> None:
-    python = venv(tmp_path / "server")
-    run(python, "-m", "pip", "install", "--quiet", "--find-links", dist, f"signoff=={VERSION}")
+def test_the_server_wheel_serves_its_migrations_and_console(virtualenv: Virtualenvs, tmp_path: Path) -> None:
+    python = virtualenv(f"signoff=={VERSION}")
     assert {"signoff", "signoff-hooks", "fastapi", "sqlalchemy"} <= installed(python)
-    signoff = tmp_path / "server" / "bin" / "signoff"
+    signoff = python.with_name("signoff")
     env = {"PATH": "/usr/bin:/bin", "SIGNOFF_DATABASE_URL": f"sqlite:///{tmp_path / 'signoff.db'}"}
     assert "is at head" in run(signoff, "db", "upgrade", env=env, cwd=tmp_path)
     run(

@@ -1,4 +1,4 @@
-"""The operator API over real HTTP, on SQLite and PostgreSQL."""
+"""The operator API over real HTTP."""
 
 from __future__ import annotations
 
@@ -563,6 +563,7 @@ async def test_config_is_shown_with_secrets_masked(http: httpx.AsyncClient, admi
     assert "password" in cfg["redact"]
 
 
+@pytest.mark.postgres
 async def test_nul_characters_are_a_422_not_a_database_error(
     http: httpx.AsyncClient, admin_headers: dict[str, str]
 ) -> None:

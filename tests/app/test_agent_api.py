@@ -1,4 +1,4 @@
-"""The agent API over real HTTP, on SQLite and PostgreSQL."""
+"""The agent API over real HTTP."""
 
 from __future__ import annotations
 
@@ -90,6 +90,7 @@ async def test_same_idempotency_key_returns_the_same_request(http: httpx.AsyncCl
     assert other.json()["request_id"] != first.json()["request_id"]
 
 
+@pytest.mark.postgres
 async def test_session_and_tool_call_id_are_an_idempotency_key(
     http: httpx.AsyncClient, agent_key: str
 ) -> None:
@@ -318,6 +319,7 @@ def breakable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Breaka
     db.drop()
 
 
+@pytest.mark.postgres
 async def test_an_unreachable_database_is_a_503_to_retry_on_every_agent_endpoint(
     breakable: Breakable,
 ) -> None:

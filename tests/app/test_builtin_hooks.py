@@ -1,5 +1,5 @@
 """The built-in hooks behind the real endpoints: read-only switch, rate limit, result truncation,
-call audit and session context, on SQLite and PostgreSQL."""
+call audit and session context."""
 
 from __future__ import annotations
 
@@ -98,6 +98,7 @@ async def test_a_hook_is_cut_off_at_its_configured_timeout(
     assert (await pre(http, agent_key, "db_write"))["decision"] == "allow"
 
 
+@pytest.mark.postgres
 async def test_rate_limit_is_per_agent_and_user_and_survives_a_restart(
     http: httpx.AsyncClient, agent_key: str, settings: Settings, config: SignoffConfig
 ) -> None:

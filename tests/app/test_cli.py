@@ -1,4 +1,9 @@
-"""The real ``signoff`` command line against a SQLite file built by the migrations."""
+"""The ``signoff`` command line against a SQLite file built by the migrations.
+
+Commands run in this process, through the console script's own entry point under click's
+test runner (its stdout, stderr, environment and exit code); the tests of what a shell sees
+of a process (start-up, exit codes, one-line errors, a traceback with SIGNOFF_DEBUG) run
+the installed ``signoff`` executable."""
 
 from __future__ import annotations
 
@@ -13,10 +18,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from signoff.app import entry
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import AgentConfig, parse_config
 from signoff.app.db import create_engine, migrate, sessionmaker, transaction
@@ -29,9 +37,11 @@ SIGNOFF = Path(sys.executable).with_name("signoff")
 
 
 class Cli:
-    """Runs ``signoff`` with SIGNOFF_DATABASE_URL and SIGNOFF_CONFIG pointing at this test's files."""
+    """Runs ``signoff`` with SIGNOFF_DATABASE_URL and SIGNOFF_CONFIG pointing at this test's
+    files: in this process, or (``process``) as the installed executable."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, process: bool = False) -> None:
+        self.process = process
         self.db = tmp_path / "signoff.db"
         self.url = f"sqlite:///{self.db}"
         self.config_file = tmp_path / "signoff.yaml"
@@ -41,9 +51,23 @@ class Cli:
         self.env.update(SIGNOFF_DATABASE_URL=self.url, SIGNOFF_CONFIG=str(self.config_file))
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(SIGNOFF), *args], env=self.env, capture_output=True, text=True, timeout=120, check=False
-        )
+        if self.process:
+            return subprocess.run(
+                [str(SIGNOFF), *args], env=self.env, capture_output=True, text=True, timeout=120, check=False
+            )
+        # The environment exactly as the process would get it: SIGNOFF_* only from self.env.
+        env: dict[str, str | None] = {k: None for k in os.environ if k not in self.env}
+        env.update(self.env)
+        with CliRunner().isolation(env=env) as (out, err, _), patch.object(sys, "argv", ["signoff", *args]):
+            try:
+                entry.main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+        return subprocess.CompletedProcess(["signoff", *args], code, stdout, stderr)
 
     def ok(self, *args: str) -> str:
         done = self(*args)
@@ -102,6 +126,14 @@ def cli(tmp_path: Path) -> Cli:
     return c
 
 
+@pytest.fixture
+def cli_process(tmp_path: Path) -> Cli:
+    """The installed executable, for what a shell sees of it."""
+    c = Cli(tmp_path, process=True)
+    migrate(c.url)
+    return c
+
+
 # --- db -------------------------------------------------------------------------------------------
 
 
@@ -130,7 +162,8 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
 # --- keys -----------------------------------------------------------------------------------------
 
 
-def test_keys_create_prints_the_key_alone_on_the_last_line(cli: Cli) -> None:
+def test_keys_create_prints_the_key_alone_on_the_last_line(cli_process: Cli) -> None:
+    cli = cli_process
     out = cli.ok("keys", "create", "finance-bot")
     lines = out.rstrip("\n").splitlines()
     key = lines[-1]
@@ -199,7 +232,8 @@ def test_keys_revoke_by_agent(cli: Cli) -> None:
     assert cli("keys", "revoke", "--agent", "finance-bot").returncode == 1
 
 
-def test_keys_revoke_needs_exactly_one_target(cli: Cli) -> None:
+def test_keys_revoke_needs_exactly_one_target(cli_process: Cli) -> None:
+    cli = cli_process
     cli.ok("keys", "create", "finance-bot")
     neither = cli("keys", "revoke")
     assert neither.returncode == 2
@@ -350,7 +384,7 @@ def test_a_decision_without_a_configuration_names_signoff_config(cli: Cli) -> No
 
 
 def test_a_database_without_tables_names_db_upgrade(tmp_path: Path) -> None:
-    cli = Cli(tmp_path)  # the file does not exist: nothing migrated it
+    cli = Cli(tmp_path, process=True)  # the file does not exist: nothing migrated it
     for args in (["keys", "create", "finance-bot"], ["requests", "list"], ["audit", "verify"]):
         done = cli(*args)
         assert done.returncode == 1, args
@@ -361,7 +395,7 @@ def test_a_database_without_tables_names_db_upgrade(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_database_is_one_line_without_the_password(tmp_path: Path) -> None:
-    cli = Cli(tmp_path)
+    cli = Cli(tmp_path, process=True)
     cli.env["SIGNOFF_DATABASE_URL"] = "postgresql://signoff:hunter2@127.0.0.1:9/signoff"
     for args in (["keys", "create", "finance-bot"], ["db", "upgrade"], ["requests", "list"]):
         done = cli(*args)
@@ -375,7 +409,7 @@ def test_an_unreachable_database_is_one_line_without_the_password(tmp_path: Path
 
 
 def test_signoff_debug_adds_the_traceback(tmp_path: Path) -> None:
-    cli = Cli(tmp_path)
+    cli = Cli(tmp_path, process=True)
     cli.env["SIGNOFF_DEBUG"] = "1"
     done = cli("keys", "create", "finance-bot")
     assert done.returncode == 1

@@ -16,6 +16,8 @@ from signoff.app.requests.states import transition
 from signoff.app.runtime import Runtime
 from tests.app.factories import make_request
 
+pytestmark = pytest.mark.postgres
+
 
 class Boom(Exception):
     pass

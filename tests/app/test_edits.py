@@ -1,7 +1,7 @@
-"""Approving with changes through the HTTP API, on SQLite and PostgreSQL: an approver changes the
-gate's ``editable`` fields (operator API ``arguments``), the agent is answered with the call as
-approved (``modified_arguments``, the request's ``changes``), the audit records proposed and
-approved values, and every change the gates do not allow is a 422 that changes nothing."""
+"""Approving with changes through the HTTP API: an approver changes the gate's ``editable``
+fields (operator API ``arguments``), the agent is answered with the call as approved
+(``modified_arguments``, the request's ``changes``), the audit records proposed and approved
+values, and every change the gates do not allow is a 422 that changes nothing."""
 
 from __future__ import annotations
 

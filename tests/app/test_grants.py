@@ -1,4 +1,4 @@
-"""Grants through the HTTP API, on SQLite and PostgreSQL: given with an approval (operator API),
+"""Grants through the HTTP API: given with an approval (operator API),
 used by later calls (pre-tool-use), listed and revoked (operator API), never wider than given."""
 
 from __future__ import annotations
@@ -274,6 +274,7 @@ async def test_a_revoked_grant_never_allows_again(
     assert events.count("grant_used") == 1
 
 
+@pytest.mark.postgres
 async def test_an_expired_grant_never_allows(
     http: httpx.AsyncClient, agent_key: str, runtime: Runtime
 ) -> None:
@@ -354,6 +355,7 @@ async def test_a_grant_never_covers_a_call_made_for_its_grantor(
         assert own["decision"] == "pending", (spelling, own)
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize(
     ("approved", "later"),
     [(1, "1"), (1, 1.0), (1, True), ("café", "cafe\u0301"), ({"a": 1}, {"a": "1"}), (None, "")],

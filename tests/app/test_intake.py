@@ -71,6 +71,7 @@ async def _count(runtime: Runtime, model: Any, *where: Any) -> int:
         return int((await s.exec(select(func.count()).select_from(model).where(*where))).one())
 
 
+@pytest.mark.postgres
 async def test_calls_arriving_together_are_written_in_one_transaction(
     runtime: Runtime, batches: list[int]
 ) -> None:
@@ -93,6 +94,7 @@ async def test_calls_arriving_together_are_written_in_one_transaction(
     assert set(created) == ids
 
 
+@pytest.mark.postgres
 async def test_the_same_call_twice_in_one_batch_is_one_request(runtime: Runtime, batches: list[int]) -> None:
     first, second = await asyncio.gather(
         _ask(runtime, _call(70_000, "same-key")), _ask(runtime, _call(70_000, "same-key"))
@@ -105,6 +107,7 @@ async def test_the_same_call_twice_in_one_batch_is_one_request(runtime: Runtime,
     assert await _count(runtime, AuditEvent, col(AuditEvent.action) == "created") == 1
 
 
+@pytest.mark.postgres
 async def test_a_key_reused_for_another_call_in_the_same_batch_is_denied(
     runtime: Runtime, batches: list[int]
 ) -> None:
@@ -119,6 +122,7 @@ async def test_a_key_reused_for_another_call_in_the_same_batch_is_denied(
     assert await _count(runtime, ConfirmationRequest) == 1
 
 
+@pytest.mark.postgres
 async def test_a_call_the_database_refuses_fails_alone(runtime: Runtime, batches: list[int]) -> None:
     gates = runtime.config.confirmation_gates("finance-bot")[:1]
     good = [
@@ -145,6 +149,7 @@ async def test_a_call_the_database_refuses_fails_alone(runtime: Runtime, batches
     assert stored == {n.id for n in good}
 
 
+@pytest.mark.postgres
 async def test_an_unreachable_database_fails_the_whole_batch_once(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +169,7 @@ async def test_an_unreachable_database_fails_the_whole_batch_once(
     assert calls == [5]  # not retried call by call against a database that is down
 
 
+@pytest.mark.postgres
 async def test_a_call_with_a_transaction_of_its_own_writes_in_it(
     runtime: Runtime, batches: list[int]
 ) -> None:
@@ -230,6 +236,7 @@ _UNNAMED_GATE = {"type": "confirmation_gate", "tools": ["slow_*"], "channel": "c
 _UNNAMED_LIMIT = {"type": "rate_limit", "tools": ["slow_*"], "limit": 100}
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("joined", [False, True], ids=["through-the-intake", "in-the-call's-transaction"])
 async def test_a_request_write_past_the_time_limit_denies_and_is_never_the_answer(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, joined: bool

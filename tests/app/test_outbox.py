@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import pytest
 from sqlmodel import col, select
 
 from signoff.app.audit import Actor
@@ -75,6 +76,7 @@ async def test_post_then_redraw_to_the_outcome(runtime: Runtime, fake_channel: F
     assert all(x.status == OutboxStatus.SENT for x in await deliveries(runtime, req.id))
 
 
+@pytest.mark.postgres
 async def test_transient_failures_back_off_and_then_deliver(
     runtime: Runtime, fake_channel: FakeChannel
 ) -> None:
@@ -139,6 +141,7 @@ async def test_redraw_waits_for_the_post(runtime: Runtime, fake_channel: FakeCha
     assert all(r.status == OutboxStatus.SENT for r in await deliveries(runtime, req.id))
 
 
+@pytest.mark.postgres
 async def test_a_claimed_delivery_is_not_sent_twice(runtime: Runtime, fake_channel: FakeChannel) -> None:
     async with transaction(runtime.sessions) as s:
         await make_request(s, runtime.config)

@@ -1,5 +1,5 @@
 """``POST /v1/hooks/pre-tool-use`` answers a body the same whether it arrives with a declared
-length or chunked, byte for byte, through real HTTP on SQLite and PostgreSQL; and its key
+length or chunked, byte for byte, through real HTTP; and its key
 checks answer as every other agent endpoint's do."""
 
 from __future__ import annotations

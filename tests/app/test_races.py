@@ -6,6 +6,7 @@ import asyncio
 from collections import Counter
 from datetime import timedelta
 
+import pytest
 from sqlmodel import col, select
 
 from signoff.app.audit import Actor
@@ -17,6 +18,8 @@ from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
 from tests.app.factories import make_request
+
+pytestmark = pytest.mark.postgres
 
 N = 50
 TERMINAL_ACTIONS = {s.value for s in Status if s is not Status.PENDING}

@@ -1,5 +1,5 @@
 """Reminders, escalation and honest expiry on a fake clock: the dispatcher runs at the times the
-test gives it (``run_once(now=...)``), votes are cast at given times; SQLite and PostgreSQL."""
+test gives it (``run_once(now=...)``), votes are cast at given times."""
 
 from __future__ import annotations
 
@@ -137,6 +137,7 @@ async def rows(runtime: Runtime, rid: str, kind: str) -> list[Delivery]:
         return list(found.all())
 
 
+@pytest.mark.postgres
 async def test_reminders_go_once_each_at_their_points_to_whoever_has_not_voted(
     world: tuple[Runtime, FakeChannel, FakeChannel],
 ) -> None:
@@ -277,6 +278,7 @@ async def test_an_escalation_into_the_channel_of_the_card_replies_under_it(
     assert (await vote(runtime, req.id, "carol", t0 + 11 * T)).decided
 
 
+@pytest.mark.postgres
 async def test_expiry_says_nobody_decided_and_whom_it_asked(
     world: tuple[Runtime, FakeChannel, FakeChannel],
 ) -> None:

@@ -29,6 +29,8 @@ from tests.channels.feishu_fake import FakeFeishu, serve
 from tests.channels.slack_support import SECRET
 from tests.conftest import ADMIN_TOKEN, free_port
 
+pytestmark = pytest.mark.postgres
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGER = "C0PAGER"
 

@@ -23,6 +23,8 @@ from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
 from tests.channels.slack_support import SECRET
 from tests.conftest import ADMIN_TOKEN, _truncate, free_port
 
+pytestmark = pytest.mark.postgres
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
 channels:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from signoff.app.config import SignoffConfig
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
 from tests.conftest import Server
+
+pytestmark = pytest.mark.postgres
 
 
 def auth(key: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ def test_terminal_states_have_no_way_out() -> None:
     assert ALLOWED_TRANSITIONS[Status.PENDING] == TERMINAL
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize(("source", "target"), PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
 async def test_transition_table(runtime: Runtime, source: Status, target: Status) -> None:
     async with transaction(runtime.sessions) as s:
@@ -148,6 +149,7 @@ async def test_a_vote_on_a_decided_request_says_who_decided(runtime: Runtime) ->
     assert late.message == "This request was already approved by Alice."
 
 
+@pytest.mark.postgres
 async def test_audit_chain_detects_edits_and_deletions(runtime: Runtime) -> None:
     cfg = runtime.config
     async with transaction(runtime.sessions) as s:

@@ -1,4 +1,4 @@
-"""The trust rules over real HTTP, on SQLite and PostgreSQL: tool-name spellings, bodies
+"""The trust rules over real HTTP: tool-name spellings, bodies
 that cannot be stored or read two ways, redaction by key and by value."""
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ UNSTORABLE = [
 ]
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("chunked", [False, True], ids=["declared-length", "chunked"])
 async def test_text_that_cannot_be_stored_is_refused_before_anything_is_written(
     http: httpx.AsyncClient, agent_key: str, fake_channel: FakeChannel, chunked: bool
@@ -152,6 +153,7 @@ async def test_text_that_cannot_be_stored_is_refused_before_anything_is_written(
     assert r.json()["request"]["arguments"]["memo"] == "\U0001f600"
 
 
+@pytest.mark.postgres
 async def test_an_operator_decision_with_unstorable_text_is_refused(
     http: httpx.AsyncClient, agent_key: str
 ) -> None:

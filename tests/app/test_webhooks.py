@@ -1,5 +1,5 @@
 """Decision webhooks, received by a local HTTP server that checks every delivery with the
-Standard Webhooks reference library (``standardwebhooks``), on SQLite and PostgreSQL."""
+Standard Webhooks reference library (``standardwebhooks``)."""
 
 from __future__ import annotations
 
@@ -280,6 +280,7 @@ async def test_a_vote_that_decides_nothing_sends_nothing(runtime: Runtime, recei
     assert [r.event["type"] for r in receiver.verified] == ["request.created"]
 
 
+@pytest.mark.postgres
 async def test_a_transaction_that_rolls_back_owes_no_event(runtime: Runtime, receiver: Receiver) -> None:
     rid = await pending_request(runtime)
 
@@ -293,6 +294,7 @@ async def test_a_transaction_that_rolls_back_owes_no_event(runtime: Runtime, rec
     assert [r.payload["type"] for r in await webhook_rows(runtime) if r.payload] == ["request.created"]
 
 
+@pytest.mark.postgres
 async def test_committing_past_transaction_with_events_owed_refuses(
     runtime: Runtime, receiver: Receiver
 ) -> None:
@@ -355,6 +357,7 @@ async def test_each_subscribed_webhook_gets_the_event_under_one_id(
 # --- crashes and replicas --------------------------------------------------------------------
 
 
+@pytest.mark.postgres
 async def test_an_event_claimed_by_a_dispatcher_that_died_is_sent_once_its_lease_runs_out(
     runtime: Runtime, receiver: Receiver
 ) -> None:
@@ -375,6 +378,7 @@ async def test_an_event_claimed_by_a_dispatcher_that_died_is_sent_once_its_lease
     assert (await webhook_rows(runtime))[0].status == OutboxStatus.SENT
 
 
+@pytest.mark.postgres
 async def test_two_replicas_send_each_event_once(runtime: Runtime, receiver: Receiver) -> None:
     ids = [await pending_request(runtime) for _ in range(6)]
     one, other = dispatcher(runtime), dispatcher(runtime)

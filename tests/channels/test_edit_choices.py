@@ -1,6 +1,6 @@
 """Approving with changes on chat cards, end to end: the real server, signed Slack callbacks (the
 "Edit and approve" button opening a modal through ``views.open``, then its ``view_submission``)
-and signed Feishu card forms, on SQLite and PostgreSQL. The agent gets the changed call; a
+and signed Feishu card forms. The agent gets the changed call; a
 change the gates do not allow is shown to the approver and changes nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The email channel end to end, on SQLite and PostgreSQL: the real server mails each approver
+"""The email channel end to end: the real server mails each approver
 through a local SMTP server, and the links in those messages are opened and confirmed over
 HTTP. Opening a link decides nothing; only its page's form does, once, as its recipient."""
 

@@ -1,5 +1,5 @@
 """Feishu end to end: the real server, the real SDK against a fake Open API, signed callbacks
-through ``POST /callbacks/feishu/{channel}``, on SQLite and PostgreSQL."""
+through ``POST /callbacks/feishu/{channel}``."""
 
 from __future__ import annotations
 
@@ -243,6 +243,7 @@ async def test_quorum_two_over_feishu(
     assert (await http.get(f"/v1/requests/{rid}", headers=agent)).json()["status"] == "approved"
 
 
+@pytest.mark.postgres
 async def test_racing_approvers_over_feishu(
     feishu_server: tuple[Server, httpx.AsyncClient], agent_key: str
 ) -> None:

@@ -1,6 +1,6 @@
 """Several gates on one call, end to end: one pending answer and one request, each gate's
 approvers deciding on their own card in their gate's channel (Slack and Feishu), through
-the real server and signed callbacks, on SQLite and PostgreSQL."""
+the real server and signed callbacks."""
 
 from __future__ import annotations
 

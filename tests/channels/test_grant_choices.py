@@ -1,5 +1,5 @@
-"""Grants chosen on chat cards, end to end: the real server, signed Slack and Feishu callbacks,
-on SQLite and PostgreSQL. A card offers the gate's grants beside "Approve once"; a click on one
+"""Grants chosen on chat cards, end to end: the real server, signed Slack and Feishu callbacks.
+A card offers the gate's grants beside "Approve once"; a click on one
 approves with it; a forged or altered grant never gives anything."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reminders and escalation through the real channels: slack-sdk against the fake Slack Web API
 and lark-oapi against the fake Feishu Open API, the dispatcher on a fake clock, clicks as
-signed callbacks through the real server; SQLite and PostgreSQL."""
+signed callbacks through the real server."""
 
 from __future__ import annotations
 

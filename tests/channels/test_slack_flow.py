@@ -1,5 +1,5 @@
 """Slack end to end: the real server, slack-sdk against a fake Web API, signed callbacks through
-``POST /callbacks/slack/{channel}``, on SQLite and PostgreSQL."""
+``POST /callbacks/slack/{channel}``."""
 
 from __future__ import annotations
 
@@ -287,6 +287,7 @@ async def test_a_home_tab_click_without_channel_or_message_does_not_count(
     assert [(e.actor_id, e.detail["why"]) for e in refused] == [("W0ALICE", NOT_HERE)]
 
 
+@pytest.mark.postgres
 async def test_racing_approvers_get_one_outcome_and_the_loser_is_told(
     fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
 ) -> None:
@@ -388,6 +389,7 @@ async def test_a_clickers_looked_up_email_names_them_as_the_requester(
     assert {e.actor_id for e in refused} == {"U0DANA2", "U0GHOST"}
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize(
     "spoil",
     [
@@ -429,6 +431,7 @@ async def test_text_no_database_can_store_is_a_400_and_changes_nothing(
     assert [d["reason"] for d in rejected] == ["text that cannot be stored (NUL or a lone surrogate)"]
 
 
+@pytest.mark.postgres
 async def test_a_rejection_reason_no_database_can_store_is_a_400(
     slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
 ) -> None:

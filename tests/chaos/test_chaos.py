@@ -10,6 +10,8 @@ import pytest
 
 from bench.chaos import run
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.mark.parametrize("db", ["sqlite", "postgres"])
 async def test_kill_9_and_a_chat_outage_lose_nothing(db: str) -> None:

@@ -1,4 +1,4 @@
-"""A call several gates matched, on the console over real HTTP, on SQLite and PostgreSQL:
+"""A call several gates matched, on the console over real HTTP:
 the request page shows every gate with its own approvals, the queue each gate's progress,
 and the reason one gate requires is required on the console's form."""
 

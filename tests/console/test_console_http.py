@@ -1,4 +1,4 @@
-"""The console over real HTTP (uvicorn on loopback), on SQLite and PostgreSQL."""
+"""The console over real HTTP (uvicorn on loopback)."""
 
 from __future__ import annotations
 
@@ -587,6 +587,7 @@ async def test_request_page_poll_reloads_when_the_status_changes(alice: Console,
 # --- history and exports -------------------------------------------------------------------------
 
 
+@pytest.mark.postgres
 async def test_history_filters(alice: Console, agent: Agent, runtime: Runtime) -> None:
     paid = await agent.ask("pay_invoice")
     wired = await agent.ask("wire_money", arguments={})
@@ -637,6 +638,7 @@ async def test_history_filters(alice: Console, agent: Agent, runtime: Runtime) -
     assert 'href="/ui/history/export.csv?status=approved&amp;tool=pay"' in page.text
 
 
+@pytest.mark.postgres
 async def test_history_pages_by_creation_time(alice: Console, runtime: Runtime) -> None:
     async with transaction(runtime.sessions) as s:
         made = []
@@ -839,6 +841,7 @@ async def test_deliveries_show_errors(alice: Console, runtime: Runtime) -> None:
     assert '<td data-label="Attempts">3</td>' in cards
 
 
+@pytest.mark.postgres
 async def test_odd_input_is_never_a_server_error(alice: Console, agent: Agent) -> None:
     await agent.ask()
     for path in [

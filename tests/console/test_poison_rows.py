@@ -1,5 +1,6 @@
 """One unreadable stored row never takes down a listing (rows written before the input
-rules, or edited by hand), over real HTTP on SQLite and PostgreSQL."""
+rules, or edited by hand), over real HTTP, on SQLite and PostgreSQL: the two differ in what
+they store and read back."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import io
 import json
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from signoff.app.db import dialect_of, transaction
 from signoff.app.runtime import Runtime
 from tests.conftest import ADMIN_TOKEN, Server
 from tests.console.conftest import Agent, Console
+
+pytestmark = pytest.mark.postgres
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

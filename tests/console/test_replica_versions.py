@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from signoff.app.runtime import Runtime
@@ -13,6 +14,8 @@ from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 from tests.console.conftest import Console
+
+pytestmark = pytest.mark.postgres
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

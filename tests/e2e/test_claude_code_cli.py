@@ -42,7 +42,7 @@ from signoff.app.keys import create_key
 from signoff.app.operators import decide
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
-from tests.conftest import Server, _truncate, free_port
+from tests.conftest import Server, free_port
 from tests.e2e.fake_anthropic import FakeAnthropic, Script
 
 VENV_BIN = Path(sys.executable).parent
@@ -103,13 +103,6 @@ def report_handler() -> dict[str, Any]:
     handler = hook_handler()
     args = [*handler["args"][: handler["args"].index("--timeout")], "--timeout", "10"]
     return {**handler, "args": args, "timeout": 10}
-
-
-@pytest.fixture
-def db_url(sqlite_url: str) -> str:
-    """SQLite only: what is under test is the agent side."""
-    _truncate(sqlite_url)
-    return sqlite_url
 
 
 @pytest.fixture

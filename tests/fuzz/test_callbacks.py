@@ -206,6 +206,7 @@ def callbacks(draw: st.DrawFn, ids: dict[str, str]) -> tuple[str, bytes, dict[st
     return path, draw(random_bodies), draw(random_headers)
 
 
+@pytest.mark.postgres
 def test_broken_callbacks_get_a_4xx_and_change_nothing(live: tuple[Signoff, dict[str, str]]) -> None:
     server, ids = live
     answers: list[tuple[str, int]] = []

@@ -33,6 +33,8 @@ EXAMPLES = int(os.environ.get("SIGNOFF_FUZZ_EXAMPLES", "30"))
 SIGNOFF_FUZZ_EXAMPLES (e.g. 500) and SIGNOFF_FUZZ_RANDOM=1 for a longer, random exploration."""
 RANDOM = os.environ.get("SIGNOFF_FUZZ_RANDOM") == "1"
 
+pytestmark = pytest.mark.postgres
+
 CONFIG = """
 people:
   alice: {name: Alice, web: alice}

@@ -1,4 +1,4 @@
-"""The gate client and the Claude Code hook against the real Signoff server (SQLite and PostgreSQL)."""
+"""The gate client and the Claude Code hook against the real Signoff server."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
 from signoff.hooks.client import AsyncGateClient, GateClient
 from signoff.hooks.decorator import gate
-from tests.conftest import DEFAULT_CONFIG, Server, _truncate
+from tests.conftest import DEFAULT_CONFIG, Server
 from tests.hooks.test_client_server import admin_client, pending_ids, vote
 
 ASKED = {"invoice_id": "INV-7", "amount": 90_000}
@@ -58,13 +58,6 @@ class Recorder:
             return message
 
         await self.app(scope, tap, send)
-
-
-@pytest.fixture
-def db_url(sqlite_url: str) -> str:
-    """SQLite only: what is under test is the agent side."""
-    _truncate(sqlite_url)
-    return sqlite_url
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.operators import decide
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
-from tests.conftest import Server, _truncate, free_port
+from tests.conftest import Server, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -41,12 +41,6 @@ SCRIPTS = {
     "langchain_agent.py": ("INV-300", r"langchain:\w{32}:call_2", "langchain"),
     "openai_agents_agent.py": ("INV-400", r"openai-agents:\w{32}:call_2", "agents"),
 }
-
-
-@pytest.fixture
-def db_url(sqlite_url: str) -> str:
-    _truncate(sqlite_url)
-    return sqlite_url
 
 
 @pytest.fixture

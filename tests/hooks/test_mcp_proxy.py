@@ -70,7 +70,7 @@ from mcp.types import (
 from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
-from tests.conftest import DEFAULT_CONFIG, Server, _truncate, free_port
+from tests.conftest import DEFAULT_CONFIG, Server, free_port
 from tests.hooks.signoff_fakes import KEY, LiveSignoff
 from tests.hooks.test_client_server import admin_client, pending_ids, vote
 from tests.waiting import eventually
@@ -92,13 +92,6 @@ GATE = {
     "timeout": "30m",
     "editable": ["amount"],
 }
-
-
-@pytest.fixture
-def db_url(sqlite_url: str) -> str:
-    """The proxy does not care which database Signoff runs on: SQLite only."""
-    _truncate(sqlite_url)
-    return sqlite_url
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from tests.conftest import ADMIN_TOKEN, PG_URL, Server, _drop_pg_database, _ensure_pg_database
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:

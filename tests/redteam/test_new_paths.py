@@ -223,6 +223,7 @@ async def test_an_approved_key_replayed_with_other_arguments_is_denied(
     assert replay["decision"] == "deny", (changed, replay)
 
 
+@pytest.mark.postgres
 async def test_concurrent_replays_after_the_report_are_denied(
     http: httpx.AsyncClient, agent_key: str
 ) -> None:

@@ -11,6 +11,7 @@ import asyncio
 from datetime import datetime, timedelta
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from sqlmodel import col, select
 
@@ -108,6 +109,7 @@ async def test_a_lapsed_approval_says_so(http: httpx.AsyncClient, agent_key: str
     assert "10m after the decision" in replay["reason"]
 
 
+@pytest.mark.postgres
 async def test_replays_racing_reports_close_the_approval_once(
     http: httpx.AsyncClient, agent_key: str, runtime: Runtime
 ) -> None:

@@ -121,6 +121,7 @@ HUGE = st.builds(
 ) | st.integers(min_value=309, max_value=2000).map(lambda digits: "9" * digits + ".0")
 
 
+@pytest.mark.postgres
 @PROPERTY
 @given(number=HUGE, where=st.sampled_from(["argument", "nested", "metadata"]))
 async def test_a_number_too_large_for_a_float_is_refused_before_anything_is_written(
@@ -152,6 +153,7 @@ async def test_a_number_too_large_for_a_float_is_refused_before_anything_is_writ
     assert await request_count(runtime) == before
 
 
+@pytest.mark.postgres
 async def test_numbers_near_the_float_limit_still_pass(
     http: httpx.AsyncClient, agent_key: str, runtime: Runtime
 ) -> None:
@@ -162,6 +164,7 @@ async def test_numbers_near_the_float_limit_still_pass(
         assert r.status_code == 200, (number, r.text)
 
 
+@pytest.mark.postgres
 async def test_a_huge_number_is_refused_in_reports_and_decisions_too(
     http: httpx.AsyncClient, agent_key: str, runtime: Runtime
 ) -> None:
@@ -352,6 +355,7 @@ async def test_a_same_field_holds_by_canonical_json_whatever_the_key_order(
     assert (await ask(http, agent_key, transfer(changed)))["decision"] == "pending"
 
 
+@pytest.mark.postgres
 async def test_a_grant_revoked_between_its_look_up_and_its_use_allows_nothing(
     http: httpx.AsyncClient, agent_key: str, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -590,6 +594,7 @@ async def _status(http: httpx.AsyncClient, key: str, rid: str) -> dict[str, Any]
     return shown
 
 
+@pytest.mark.postgres
 async def test_a_link_reason_with_a_nul_character_is_no_server_error(
     mail: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
 ) -> None:
