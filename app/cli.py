@@ -248,7 +248,7 @@ def serve(
 def _at(revision: str | None) -> str:
     if revision is None:
         return "no revision"
-    return f"{revision} (head)" if revision == head_revision() else revision
+    return f"head ({revision})" if revision == head_revision() else revision
 
 
 @db_app.command("upgrade")

@@ -46,7 +46,7 @@ def test_the_first_release_database_upgrades_and_says_where_it_is(tmp_path: Path
     released.write_rows(f"sqlite:///{db}")
     done = _signoff(db, "db", "upgrade")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith(f"is at {head_revision()} (head)")
+    assert done.stdout.strip().endswith(f"is at head ({head_revision()})")
     with sqlite3.connect(db) as conn:
         digests = conn.execute("SELECT call_digest FROM confirmation_request").fetchall()
     conn.close()
