@@ -54,7 +54,9 @@ CHECK_SECONDS = 5.0
 _PROBE = sa.text("UPDATE audit_head SET seq = seq WHERE 1 = 0")
 _READ_ONLY_STATES = {"25006"}  # read_only_sql_transaction
 _DISK_FULL_STATES = {"53100"}  # disk_full
-_MISSING_STATES = {"42703", "42P01"}  # undefined_column, undefined_table
+_MISSING_STATES = {"42703", "42P01", "0A000"}
+"""undefined_column, undefined_table, and feature_not_supported: what asyncpg raises when a
+schema change invalidated a statement it had prepared."""
 _MISSING_WORDS = ("no such column", "no such table", "has no column named")
 
 

@@ -142,8 +142,10 @@ def postgres_url() -> Iterator[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test marked ``postgres`` runs on both databases; every other test on SQLite alone
     (tests/README.md says which tests are marked)."""
-    if "db_url" in metafunc.fixturenames and metafunc.definition.get_closest_marker("postgres"):
-        metafunc.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+    if metafunc.definition.get_closest_marker("postgres"):
+        for name in ("db_url", "empty_url"):
+            if name in metafunc.fixturenames:
+                metafunc.parametrize(name, ["sqlite", "postgres"], indirect=True)
 
 
 @pytest.fixture
@@ -169,10 +171,11 @@ def _empty_database(kind: str, tmp_path: Path) -> Iterator[str]:
         _drop_pg_database(url)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture
 def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of this test's own (no revision yet), on SQLite and on PostgreSQL."""
-    with _empty_database(request.param, tmp_path) as url:
+    """An empty database of this test's own (no revision yet): SQLite, or for a test marked
+    ``postgres`` once SQLite and once PostgreSQL."""
+    with _empty_database(getattr(request, "param", "sqlite"), tmp_path) as url:
         yield url
 
 

@@ -114,6 +114,7 @@ def _clean(log: str) -> None:
     assert "timeout graceful shutdown exceeded" not in log, log
 
 
+@pytest.mark.postgres
 async def test_sigterm_hands_waiting_agents_to_the_next_server(
     empty_url: str, tmp_path: Path, receiver: SlowReceiver
 ) -> None:
@@ -237,6 +238,7 @@ async def _table_locked(url: str) -> AsyncIterator[None]:
         await conn.close()
 
 
+@pytest.mark.postgres
 async def test_writes_in_flight_finish_and_past_the_bound_are_a_503(
     postgres_empty_url: str, tmp_path: Path
 ) -> None:

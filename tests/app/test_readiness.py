@@ -93,6 +93,7 @@ def test_the_release_is_named_everywhere(tmp_path: Path) -> None:
         assert _ready(served).json() == {"status": "ready", "version": release, "revision": head_revision()}
 
 
+@pytest.mark.postgres
 def test_a_schema_behind_the_code_is_named_until_upgraded(empty_url: str, tmp_path: Path) -> None:
     # As the issue found it: made by the first release, then upgraded to 0010 by later code.
     released.make_database(empty_url, "0001@3502eac", tmp_path)
@@ -133,6 +134,7 @@ def _pg(url: str, statement: str) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.postgres
 def test_a_database_that_cannot_be_written_is_named(empty_url: str, tmp_path: Path) -> None:
     migrate(empty_url)
     agent = _key(empty_url)
@@ -163,6 +165,7 @@ PG_DISK_FULL = (
 )
 
 
+@pytest.mark.postgres
 def test_a_full_disk_is_named_until_there_is_room(empty_url: str, tmp_path: Path) -> None:
     if is_sqlite(empty_url):
         seed = tmp_path / "seed.db"

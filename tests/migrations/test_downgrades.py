@@ -26,6 +26,8 @@ from tests.migrations.released import APPROVED, PENDING, TOKEN
 
 AGENT = {"Authorization": f"Bearer {TOKEN}"}
 
+pytestmark = pytest.mark.postgres  # migrations: both databases
+
 
 async def _schema(url: str) -> dict[str, Any]:
     """The revision, each table's columns and row count: what a refused downgrade must keep."""

@@ -26,6 +26,8 @@ from tests.migrations.released import APPROVED, APPROVED_CALL, PENDING, PENDING_
 AGENT = {"Authorization": f"Bearer {TOKEN}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
+pytestmark = pytest.mark.postgres  # migrations: both databases
+
 
 def _call(call: tuple[str, dict[str, object]], key: str) -> dict[str, object]:
     return {"tool_name": call[0], "arguments": call[1], "idempotency_key": key}
