@@ -202,10 +202,18 @@ class GateService:
         try:
             if answer.ask and result.decision is Decision.PENDING:
                 answer = await self._write_request(answer)
+                # The request written, or the one that held the key, answers; the arguments
+                # the hooks rewrote stand unless the approver changed them.
+                result = replace(
+                    _result(answer),
+                    modified_arguments=(
+                        answer.modified_arguments
+                        if answer.modified_arguments is not None
+                        else result.modified_arguments
+                    ),
+                )
                 if answer.decision is not Decision.ALLOW:
-                    return _result(answer)
-                # The key was taken by a request that allows the call: answered from it.
-                result = _result(answer)
+                    return result
             if result.decision is not Decision.ALLOW:
                 return result
             if answer.grants:

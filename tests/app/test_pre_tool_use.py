@@ -178,3 +178,38 @@ async def test_the_schema_documents_the_gate(http: httpx.AsyncClient) -> None:
     assert {"401", "404", "413", "422"} <= set(operation["responses"])
     assert operation["security"] == [{"HTTPBearer": []}]
     assert (await http.get(PATH)).status_code == 405
+
+
+async def test_a_replay_keeps_the_arguments_an_earlier_hook_rewrote(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime
+) -> None:
+    """A hook ahead of the gate rewrites the call; once approved, the replay that finds the
+    request by its key runs the rewritten call, not the one the agent proposed."""
+    from signoff.hooks import HookContext, HookRegistry, HookResult
+
+    class Rewrite:
+        name = "rewrite"
+        priority = 50
+
+        def matches(self, ctx: HookContext) -> bool:
+            return True
+
+        async def before_tool_use(self, ctx: HookContext) -> HookResult:
+            return HookResult.allow(modified_arguments={**ctx.arguments, "to": "checked"})
+
+    configured = runtime.registries["finance-bot"]
+    runtime.registries["finance-bot"] = HookRegistry(pre_tool_use=[Rewrite(), *configured.pre_tool_use])
+    call = {"tool_name": "pay_invoice", "arguments": {"amount": 90000, "to": "x"}, "idempotency_key": "k"}
+    headers = {"Authorization": f"Bearer {agent_key}"}
+    first = (await http.post("/v1/hooks/pre-tool-use", json=call, headers=headers)).json()
+    assert first["decision"] == "pending", first
+    assert first["modified_arguments"] == {"amount": 90000, "to": "checked"}
+    decided = await http.post(
+        f"/v1/admin/requests/{first['request_id']}/decision",
+        json={"verdict": "approve", "operator": "alice"},
+        headers={"Authorization": "Bearer test-admin-token-0123456789"},
+    )
+    assert decided.status_code == 200, decided.text
+    replay = (await http.post("/v1/hooks/pre-tool-use", json=call, headers=headers)).json()
+    assert replay["decision"] == "allow", replay
+    assert replay["modified_arguments"] == {"amount": 90000, "to": "checked"}, replay
