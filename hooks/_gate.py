@@ -58,6 +58,7 @@ __all__ = [
     "make_idempotency_key",
     "report_body",
     "report_flow",
+    "seconds_text",
     "settle_request",
     "transport_failure",
     "unreachable_reason",
@@ -289,16 +290,27 @@ def transport_failure(exc: BaseException) -> TransportFailure:
     return TransportFailure(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, _kind(exc))
 
 
+def seconds_text(seconds: float) -> str:
+    """A duration as a message shows it: ``3.93929`` → ``3.9s``, ``539.6`` → ``540s``, ``0.25`` → ``0.25s``.
+
+    Deadlines are worked out from what is left of a budget, so they are rarely round.
+    """
+    if seconds >= 10:
+        return f"{round(seconds)}s"
+    return f"{round(seconds, 1 if seconds >= 1 else 2):g}s"
+
+
 def unreachable_reason(url: str, window: float, failure: TransportFailure | None, http_error: str) -> str:
     """One line for a deny before any request exists: what failed, where, and what to check."""
     where = f"Signoff at {url}" if url else "Signoff"
+    within = seconds_text(window)
     check = "check that `signoff serve` is running there and that SIGNOFF_URL is right"
     if failure is None:
         what = f"{where} kept answering {http_error}" if http_error else f"{where} gave no answer"
-        return f"{what} for {window:g}s; denied (check the server's log and /readyz)"
+        return f"{what} for {within}; denied (check the server's log and /readyz)"
     if failure.kind == "refused":
         return (
-            f"{where} refused the connection (nothing is listening there; retried for {window:g}s); "
+            f"{where} refused the connection (nothing is listening there; retried for {within}); "
             f"denied — {check}"
         )
     if failure.kind == "dns":
@@ -309,8 +321,8 @@ def unreachable_reason(url: str, window: float, failure: TransportFailure | None
             "SIGNOFF_URL and the server's certificate"
         )
     if failure.kind == "timeout":
-        return f"{where} did not answer within {window:g}s (slow or overloaded); denied — check /readyz"
-    return f"{where} could not be reached within {window:g}s ({failure.error}); denied — {check}"
+        return f"{where} did not answer within {within} (slow or overloaded); denied — check /readyz"
+    return f"{where} could not be reached within {within} ({failure.error}); denied — {check}"
 
 
 class Pause(NamedTuple):
@@ -797,7 +809,7 @@ def report_flow(
             error = reply.error
         attempt += 1
         yield Pause(min(_backoff(settings, attempt, after), max(0.0, end - clock())))
-    return ReportAnswer(False, f"Signoff did not take the report within {deadline:g}s ({error})")
+    return ReportAnswer(False, f"Signoff did not take the report within {seconds_text(deadline)} ({error})")
 
 
 def gate_flow(
@@ -907,7 +919,7 @@ def gate_flow(
     return GateDecision(
         allowed=False,
         reason=(
-            f"No decision on {call.tool_name} within {settings.deadline:g}s; "
+            f"No decision on {call.tool_name} within {seconds_text(settings.deadline)}; "
             f"Signoff request {request_id} {note}{last_error}"
         ),
         request_id=request_id,

@@ -70,6 +70,7 @@ from signoff.hooks._gate import (
     TransportFailure,
     cancel_flow,
     make_idempotency_key,
+    seconds_text,
     transport_failure,
 )
 
@@ -193,7 +194,7 @@ class GateClient(SyncGateClient):
             return _to_reply(self._http.request(**_request_args(self, call)))
         except httpx.RequestError as exc:
             if overdue.is_set():
-                return TransportFailure(f"no complete answer within {call.timeout:g}s", "timeout")
+                return TransportFailure(f"no complete answer within {seconds_text(call.timeout)}", "timeout")
             return _failure(exc)
         finally:
             watchdog.cancel()

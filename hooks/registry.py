@@ -21,6 +21,7 @@ from signoff.hooks._contract import (
     ServiceUnavailable,
     SessionStartHook,
 )
+from signoff.hooks._gate import seconds_text
 
 __all__ = ["DEFAULT_HOOK_TIMEOUT", "HookRegistry"]
 
@@ -56,7 +57,7 @@ async def _guarded(name: str, call: Callable[[], Awaitable[HookResult]], timeout
         async with asyncio.timeout(timeout):  # in this task: no task of its own per hook
             result = await call()
     except TimeoutError:
-        return HookResult.deny(f"hook {name!r} did not answer within {timeout:g}s")
+        return HookResult.deny(f"hook {name!r} did not answer within {seconds_text(timeout)}")
     except ServiceUnavailable:
         raise
     except Exception as exc:

@@ -75,6 +75,7 @@ from signoff.hooks._gate import (
     HttpReply,
     TransportFailure,
     make_idempotency_key,
+    seconds_text,
     waiting_on,
 )
 
@@ -246,7 +247,8 @@ def _budget(args: argparse.Namespace) -> float:
     if args.deadline is None:
         return limit
     if not 0 < args.deadline <= limit:
-        raise _Refused(f"--deadline must be > 0 and at most {limit:g}s for a {timeout:g}s hook timeout")
+        most, hook = seconds_text(limit), seconds_text(timeout)
+        raise _Refused(f"--deadline must be > 0 and at most {most} for a {hook} hook timeout")
     return float(args.deadline)
 
 

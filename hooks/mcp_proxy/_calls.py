@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from signoff.hooks._gate import seconds_text
+
 __all__ = [
     "NAME_PATTERN",
     "CallLedger",
@@ -123,9 +125,9 @@ def expired_text(tool: str, reason: str | None) -> str:
 def waiting_text(tool: str, request_id: str | None, held: float) -> str:
     request = f"Signoff request {request_id}" if request_id else "a Signoff request"
     return (
-        f"{tool} is waiting for approval ({request}); no one has decided within {held:g}s and the tool "
-        "has not run. Call it again with the same arguments to keep waiting: the retry re-attaches to "
-        "the same request instead of asking again."
+        f"{tool} is waiting for approval ({request}); no one has decided within {seconds_text(held)} "
+        "and the tool has not run. Call it again with the same arguments to keep waiting: the retry "
+        "re-attaches to the same request instead of asking again."
     )
 
 

@@ -21,7 +21,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any, NamedTuple
 
-from signoff.hooks._gate import GateDecision, GateFailure
+from signoff.hooks._gate import GateDecision, GateFailure, seconds_text
 from signoff.hooks.client import AsyncGateClient
 from signoff.hooks.mcp_proxy._calls import (
     CallLedger,
@@ -238,7 +238,8 @@ async def connect_upstream(config: ProxyConfig, clients: Clients) -> AsyncIterat
                 init = await session.initialize()
         except TimeoutError as exc:
             raise StartupError(
-                f"{described} did not complete the MCP handshake within {UPSTREAM_START_TIMEOUT:g}s"
+                f"{described} did not complete the MCP handshake "
+                f"within {seconds_text(UPSTREAM_START_TIMEOUT)}"
             ) from exc
         except (MCPError, ValidationError, RuntimeError, OSError, httpx2.HTTPError) as exc:
             raise StartupError(f"{described} did not complete the MCP handshake: {exc}") from exc

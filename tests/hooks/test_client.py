@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from signoff.hooks._contract import Decision
-from signoff.hooks._gate import TransportFailure, transport_failure, unreachable_reason
+from signoff.hooks._gate import TransportFailure, seconds_text, transport_failure, unreachable_reason
 from signoff.hooks._plain_async import AsyncPlainGateClient
 from signoff.hooks.client import (
     AsyncGateClient,
@@ -674,6 +674,22 @@ def test_unreachable_reasons_name_the_url_and_what_to_check(
     assert says in reason
     assert "\n" not in reason
     assert "denied" in reason
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(3.93929, "3.9s"), (539.6, "540s"), (3300.0, "3300s"), (5.0, "5s"), (0.31234, "0.31s"), (0.05, "0.05s")],
+)
+def test_durations_in_messages_are_rounded(seconds: float, text: str) -> None:
+    assert seconds_text(seconds) == text
+
+
+def test_a_deadline_left_over_from_a_budget_reads_rounded(ask: Callable[..., Ask]) -> None:
+    """What is left of a budget is never round: the deny says 0.31s, not 0.31234s."""
+    fake = Scripted().on("submit", httpx.ConnectError("[Errno 111] Connection refused"))
+    decision = ask(fake, deadline=0.31234)("pay_invoice", {})
+    assert "within 0.31s (" in (decision.reason or "")
+    assert "0.312" not in (decision.reason or "")
 
 
 def test_real_server_bad_key_denies(live: LiveSignoff) -> None:
