@@ -28,10 +28,12 @@ def run_claude_code(argv: list[str]) -> int:
 
 def main() -> None:
     argv = sys.argv[1:]
+    if argv[:1] in (["-h"], ["--help"]):
+        sys.exit(run_claude_code(["--help"]))
     if argv[:1] != ["claude-code"]:
         sys.stderr.write(
-            "usage: signoff-hook claude-code [--timeout S] [--submit-deadline S] [--url URL]\n"
-            "signoff-hook: name the runtime; the one supported is claude-code\n"
+            "signoff-hook: name the runtime: signoff-hook claude-code [OPTIONS] "
+            "(signoff-hook --help lists them)\n"
         )
         sys.exit(EXIT_BLOCK)
     sys.exit(run_claude_code(argv[1:]))

@@ -64,7 +64,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from signoff.hooks._base import ENV_API_KEY, ENV_SUBMIT_DEADLINE, ENV_URL, SyncGateClient
 from signoff.hooks._gate import (
@@ -79,7 +79,15 @@ from signoff.hooks._gate import (
     waiting_on,
 )
 
-__all__ = ["DEFAULT_HOOK_TIMEOUT", "ENV_HOOK_TIMEOUT", "RUNTIME", "build_output", "internal_deadline", "main"]
+__all__ = [
+    "DEFAULT_HOOK_TIMEOUT",
+    "ENV_HOOK_TIMEOUT",
+    "HELP",
+    "RUNTIME",
+    "build_output",
+    "internal_deadline",
+    "main",
+]
 
 RUNTIME = "claude-code"
 ENV_HOOK_TIMEOUT = "SIGNOFF_HOOK_TIMEOUT"
@@ -94,6 +102,37 @@ POST_EVENTS = frozenset({"PostToolUse", "PostToolUseFailure"})
 """The events after a tool ran: ``PostToolUseFailure`` when it failed (the call still ran)."""
 
 _METADATA_FIELDS = ("cwd", "permission_mode", "prompt_id", "agent_id", "agent_type")
+
+HELP = f"""\
+signoff-hook claude-code: the Signoff approval hook for Claude Code
+
+Claude Code runs it with each tool call as JSON on stdin. As the PreToolUse hook it asks
+Signoff whether the call may run and, when a gate needs a person, waits for the decision;
+as the PostToolUse and PostToolUseFailure hook it reports the call that ran. Install it in
+.claude/settings.json: examples/claude_code_settings.json in Signoff's repository is a
+complete file, docs/agents.md explains it.
+
+Options:
+  --timeout S          the handler's "timeout" in settings.json, repeated here so that
+                       the hook gives up before Claude Code does
+                       (default: ${ENV_HOOK_TIMEOUT}, else 600)
+  --deadline S         wait at most S seconds for a decision (default: a margin below
+                       --timeout: 3600 waits 3300)
+  --url URL            Signoff's address (default: ${ENV_URL})
+  --submit-deadline S  how long to retry an unreachable Signoff before blocking the
+                       call (default: ${ENV_SUBMIT_DEADLINE}, else 5)
+  --user-id ID         who runs Claude Code: approvers cannot approve their own calls
+  --allow-unmatched    answer "allow" when no gate matched, which skips Claude Code's
+                       own permission prompt
+  -h, --help           show this text
+
+Environment: {ENV_URL} and {ENV_API_KEY} (an agent key from `signoff keys create
+AGENT`), set where Claude Code starts.
+
+Answers: allow or deny with the reason on stdout (exit 0); nothing to say when no gate
+matched ({{}}, exit 0); exit 2 with the reason on stderr when no decision can be had
+(Signoff unreachable, the deadline, a bad key or configuration), which blocks the call.
+"""
 
 
 class _Refused(Exception):
@@ -124,6 +163,15 @@ def _signals(budget: float) -> Iterator[None]:
 
 def _client(args: argparse.Namespace) -> SyncGateClient:
     url = args.url if args.url is not None else os.environ.get(ENV_URL, "")
+    if not url.strip():
+        raise _Refused(
+            f"Signoff's address is not set: export {ENV_URL}=https://… where Claude Code starts, "
+            "or add --url URL to the hook's command in settings.json"
+        )
+    if not os.environ.get(ENV_API_KEY, "").strip():
+        raise _Refused(
+            f"no agent key: export {ENV_API_KEY} (from `signoff keys create AGENT`) where Claude Code starts"
+        )
     if url.strip().startswith("http://"):
         from signoff.hooks._plain import PlainGateClient
 
@@ -196,40 +244,28 @@ def build_output(decision: GateDecision, *, allow_unmatched: bool = False) -> di
     return {"hookSpecificOutput": output}
 
 
+class _Parser(argparse.ArgumentParser):
+    """The options; a usage error is one line that blocks the call (``--help`` prints :data:`HELP`)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Refused(f"{message} (signoff-hook claude-code --help lists the options)")
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="signoff-hook claude-code",
-        description=(
-            "Claude Code command hook: ask Signoff before a tool runs (PreToolUse); "
-            "report the call once it ran (PostToolUse, PostToolUseFailure)."
-        ),
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help=f"the hook's configured timeout in seconds (default ${ENV_HOOK_TIMEOUT} or 600)",
-    )
-    parser.add_argument(
-        "--deadline", type=float, default=None, help="seconds to wait (default: below --timeout)"
-    )
-    parser.add_argument(
-        "--url", default=None, help=f"Signoff's URL (default ${ENV_URL}; the key is ${ENV_API_KEY})"
-    )
-    parser.add_argument(
-        "--submit-deadline",
-        type=float,
-        default=None,
-        help=f"seconds to retry an unreachable Signoff before blocking (default ${ENV_SUBMIT_DEADLINE} or 5)",
-    )
-    parser.add_argument(
-        "--user-id", default=None, help="who runs Claude Code (approvers cannot be the requester)"
-    )
-    parser.add_argument(
-        "--allow-unmatched",
-        action="store_true",
-        help="answer allow (skipping Claude Code's prompt) when no Signoff gate matched",
-    )
+    parser = _Parser(prog="signoff-hook claude-code", add_help=False, allow_abbrev=False)
+    parser.add_argument("-h", "--help", action="store_true")
+    for seconds in ("--timeout", "--deadline", "--submit-deadline"):
+        parser.add_argument(seconds, type=_seconds, default=None)
+    parser.add_argument("--url", default=None)
+    parser.add_argument("--user-id", default=None)
+    parser.add_argument("--allow-unmatched", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -333,10 +369,10 @@ def main(
     watch: _Watch | None = None
     event = PRE_TOOL_USE
     try:
-        try:
-            args = _arguments(argv)
-        except SystemExit as exc:  # argparse: --help exits 0, usage errors exit 2
-            return 0 if exc.code == 0 else EXIT_BLOCK
+        args = _arguments(argv)
+        if args.help:
+            stdout.write(HELP)
+            return 0
         budget = _budget(args)
         with _signals(budget + 1.0):
             try:

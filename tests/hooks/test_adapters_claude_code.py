@@ -13,7 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
-from signoff.hooks.adapters.claude_code import REPORT_DEADLINE, build_output, internal_deadline, main
+from signoff.hooks.adapters.claude_code import (
+    HELP,
+    REPORT_DEADLINE,
+    build_output,
+    internal_deadline,
+    main,
+)
 from signoff.hooks.client import GateClient, GateDecision
 from tests.hooks.signoff_fakes import KEY, URL, LiveSignoff, Scripted, pending, state, submitted
 
@@ -174,11 +180,36 @@ def test_malformed_stdin_exits_2(hook_input: Any, message: str) -> None:
     assert fake.requests == [], "nothing is sent for bad input"
 
 
-def test_missing_configuration_exits_2() -> None:
-    code, out, err = run_hook(None)
-    assert code == 2
-    assert out == ""
-    assert "SIGNOFF_URL" in err
+def test_missing_configuration_exits_2_saying_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook user cannot pass ``url=...``: the line names the variable to export, or the flag."""
+    monkeypatch.delenv("SIGNOFF_URL", raising=False)
+    monkeypatch.delenv("SIGNOFF_API_KEY", raising=False)
+    assert run_hook(None) == (
+        2,
+        "",
+        "Blocked by the Signoff approval hook: Signoff's address is not set: export "
+        "SIGNOFF_URL=https://… where Claude Code starts, or add --url URL to the hook's command in "
+        "settings.json\n",
+    )
+    code, out, err = run_hook(None, HOOK_INPUT, "--url", "http://127.0.0.1:9")
+    assert (code, out) == (2, "")
+    assert err == (
+        "Blocked by the Signoff approval hook: no agent key: export SIGNOFF_API_KEY (from "
+        "`signoff keys create AGENT`) where Claude Code starts\n"
+    )
+    assert "pass" not in err
+
+
+def test_help_is_written_for_a_hook_user() -> None:
+    code, out, err = run_hook(None, HOOK_INPUT, "--help")
+    assert (code, out, err) == (0, HELP, "")
+    assert "usage:" not in out, "not argparse's own"
+    assert "--timeout TIMEOUT" not in out
+    for option in ("--timeout S", "--deadline S", "--url URL", "--submit-deadline S", "--user-id ID"):
+        assert option in out
+    assert "SIGNOFF_URL" in out
+    assert "SIGNOFF_API_KEY" in out
+    assert max(len(line) for line in out.splitlines()) <= 90
 
 
 @pytest.mark.parametrize(
@@ -186,10 +217,26 @@ def test_missing_configuration_exits_2() -> None:
 )
 def test_bad_arguments_exit_2(args: list[str]) -> None:
     fake = Scripted().on("submit", submitted("allow"))
-    code, out, _ = run_hook(fake, HOOK_INPUT, *args)
+    code, out, err = run_hook(fake, HOOK_INPUT, *args)
     assert code == 2
     assert out == ""
     assert fake.requests == []
+    assert err.count("\n") == 1, err
+    assert err.startswith("Blocked by the Signoff approval hook: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--timeout", "soon"], "argument --timeout: not a number of seconds: 'soon'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_usage_error_is_one_line_pointing_at_the_help(args: list[str], says: str) -> None:
+    _, _, err = run_hook(Scripted(), HOOK_INPUT, *args)
+    assert err == (
+        f"Blocked by the Signoff approval hook: {says} (signoff-hook claude-code --help lists the options)\n"
+    )
 
 
 def test_hook_timeout_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -277,7 +277,20 @@ def test_signoff_hook_without_a_runtime_exits_2() -> None:
 
     done = subprocess.run([str(HOOK)], capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 2
-    assert "claude-code" in done.stderr
+    assert done.stderr == (
+        "signoff-hook: name the runtime: signoff-hook claude-code [OPTIONS] "
+        "(signoff-hook --help lists them)\n"
+    )
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["claude-code", "--help"]])
+def test_signoff_hook_help(args: list[str]) -> None:
+    import subprocess
+
+    from signoff.hooks.adapters.claude_code import HELP
+
+    done = subprocess.run([str(HOOK), *args], capture_output=True, text=True, timeout=30, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, HELP, "")
 
 
 async def test_the_server_command_runs_the_same_hook(server: Server, agent_key: str) -> None:
