@@ -19,7 +19,8 @@ stdin, a bug, a broken install): exit 2 blocks the call and shows stderr to Clau
 Signoff says                              the hook answers
 ========================================  =====================================
 approved by a person                      ``allow`` (exit 0)
-denied (policy or person)                 ``deny`` with the reason (exit 0)
+denied (policy or person)                 ``deny`` with the reason (exit 0), and a context
+                                          line saying it is a decision, not a failure
 allowed without asking anyone             no decision — Claude Code's own permission rules
                                           apply (``{}``, exit 0); ``allow`` with
                                           ``--allow-unmatched``; ``ask`` with the rewritten
@@ -100,6 +101,13 @@ REPORT_DEADLINE = 2.0
 PRE_TOOL_USE = "PreToolUse"
 POST_EVENTS = frozenset({"PostToolUse", "PostToolUseFailure"})
 """The events after a tool ran: ``PostToolUseFailure`` when it failed (the call still ran)."""
+
+DENIED_CONTEXT = (
+    "Signoff denied this tool call: a decision (by a person or a policy), not a failure of the "
+    "approval hook. Its reason is the tool result."
+)
+"""Sent with every deny as ``additionalContext``: Claude Code 2.1.332 shows Claude a hook's
+deliberate deny as "PreToolUse:<tool> hook error: <reason>", which reads like a malfunction."""
 
 _METADATA_FIELDS = ("cwd", "permission_mode", "prompt_id", "agent_id", "agent_type")
 
@@ -229,6 +237,7 @@ def build_output(decision: GateDecision, *, allow_unmatched: bool = False) -> di
     if not decision.allowed:
         output["permissionDecision"] = "deny"
         output["permissionDecisionReason"] = f"Signoff: {decision.reason or 'denied'}"
+        output["additionalContext"] = DENIED_CONTEXT
         return {"hookSpecificOutput": output}
     if decision.modified_arguments is not None:
         output["updatedInput"] = decision.modified_arguments

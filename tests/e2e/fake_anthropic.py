@@ -102,6 +102,17 @@ class FakeAnthropic:
             return "\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
         return ""
 
+    def texts_sent(self) -> list[str]:
+        """The text blocks of the messages the model was last sent (context a hook added among them)."""
+        if not self.model_requests:
+            return []
+        texts: list[str] = []
+        for message in self.model_requests[-1].get("messages", []):
+            content = message.get("content") if isinstance(message, dict) else None
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+            texts += [str(b.get("text")) for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
+        return texts
+
     # --- the API ---------------------------------------------------------------------------------
 
     def _offers_tool(self, body: dict[str, Any]) -> bool:

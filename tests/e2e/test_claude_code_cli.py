@@ -42,6 +42,7 @@ from signoff.app.keys import create_key
 from signoff.app.operators import decide
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
+from signoff.hooks.adapters.claude_code import DENIED_CONTEXT
 from tests.conftest import Server, free_port
 from tests.e2e.fake_anthropic import FakeAnthropic, Script
 
@@ -51,6 +52,9 @@ CLAUDE = Path(
 )
 AGENT = "coding-agent"
 HOOK_TIMEOUT = 3600
+CLI_DENY_LABEL = "PreToolUse:Bash hook error: "
+"""How the CLI starts the tool result of any PreToolUse deny, a hook's deliberate one included."""
+CLI_CONTEXT_LABEL = "PreToolUse:Bash hook additional context: "
 RUN_TIMEOUT = 60.0
 """Seconds one ``claude -p`` run may take before the test kills it."""
 
@@ -87,6 +91,12 @@ def hook_handler() -> dict[str, Any]:
         return {"type": "command", "command": str(hook), "args": timeout_args, "timeout": HOOK_TIMEOUT}
     command = str(VENV_BIN / "signoff")
     return {"type": "command", "command": command, "args": ["hook", *timeout_args], "timeout": HOOK_TIMEOUT}
+
+
+def project_hook_command() -> str:
+    """The command line the CLI names when the PreToolUse handler of :func:`hook_handler` fails."""
+    handler = hook_handler()
+    return " ".join([handler["command"], *handler["args"]])
 
 
 def gated_settings(handler: dict[str, Any], report: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -427,7 +437,11 @@ async def test_hook_blocks_a_rejected_command_and_the_model_reads_the_reason(
     assert not project.marker.exists()
     (result,) = fake.tool_results()
     assert result.get("is_error") is True
-    assert "Signoff: Rejected by Bob (web): not on a Friday" in fake.tool_result_text()
+    # The hook answers a deny as Claude Code documents a deliberate one (JSON, exit 0). The CLI
+    # labels every PreToolUse deny "hook error"; a deliberate one is followed by the reason
+    # alone, where a failure (exit 2) carries the command that failed (see the next test).
+    assert fake.tool_result_text() == (f"{CLI_DENY_LABEL}Signoff: Rejected by Bob (web): not on a Friday")
+    assert f"{CLI_CONTEXT_LABEL}{DENIED_CONTEXT}" in fake.texts_sent(), "and Claude is told it is a decision"
     assert denial_ids(run) == [script.tool_use_id]
     assert run.output["result"] == script.final_text, "the model was asked again, with the reason"
 
@@ -443,8 +457,12 @@ async def test_signoff_stopped_blocks_the_command(claude: Claude, project: Proje
     (result,) = fake.tool_results()
     assert result.get("is_error") is True
     text = fake.tool_result_text()
-    assert "Blocked by the Signoff approval hook" in text
+    # A failure exits 2: blocked, and shown as the failure it is, the command then its stderr.
+    assert text.startswith(
+        f"{CLI_DENY_LABEL}[{project_hook_command()}]: Blocked by the Signoff approval hook: "
+    )
     assert url in text
+    assert not any(DENIED_CONTEXT in t for t in fake.texts_sent()), "no decision was made"
     assert denial_ids(run) == [script.tool_use_id]
 
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from signoff.hooks.adapters.claude_code import (
+    DENIED_CONTEXT,
     HELP,
     REPORT_DEADLINE,
     build_output,
@@ -93,9 +94,12 @@ def test_denied_call_answers_deny_with_the_reason() -> None:
     fake = Scripted().on("submit", pending("req-1")).on("wait", rejected)
     code, out, _ = run_hook(fake)
     assert code == 0
-    output = answer(out)["hookSpecificOutput"]
-    assert output["permissionDecision"] == "deny"
-    assert output["permissionDecisionReason"] == "Signoff: Rejected by Bob (slack): not on prod"
+    assert answer(out)["hookSpecificOutput"] == {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": "deny",
+        "permissionDecisionReason": "Signoff: Rejected by Bob (slack): not on prod",
+        "additionalContext": DENIED_CONTEXT,
+    }
 
 
 def test_policy_deny_answers_deny() -> None:
