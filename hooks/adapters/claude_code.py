@@ -28,15 +28,13 @@ allowed without asking anyone             no decision — Claude Code's own perm
 timeout / unavailable / any error         exit 2, reason on stderr
 ========================================  =====================================
 
-Settings (``.claude/settings.json``)::
+Settings (``.claude/settings.json``; ``examples/claude_code_settings.json`` is the whole file)::
 
-    {"hooks": {"PreToolUse": [{"matcher": "^(Bash|Write|Edit)$|^mcp__",
-      "hooks": [{"type": "command", "command": "signoff-hook",
-                 "args": ["claude-code", "--timeout", "3600"], "timeout": 3600,
-                 "statusMessage": "Waiting for approval…", "onFailure": "block"}]}],
-     "PostToolUse": [{"matcher": "^(Bash|Write|Edit)$|^mcp__",
-      "hooks": [{"type": "command", "command": "signoff-hook",
-                 "args": ["claude-code", "--timeout", "10"], "timeout": 10}]}],
+    {"hooks": {"PreToolUse": [{"matcher": "^(Bash|Write|Edit|NotebookEdit)$|^mcp__",
+      "hooks": [{"type": "command",
+                 "command": "\\"$CLAUDE_PROJECT_DIR\\"/.venv/bin/signoff-hook claude-code --timeout 3600",
+                 "timeout": 3600, "onFailure": "block"}]}],
+     "PostToolUse": …the same command with --timeout 10 and "timeout": 10…,
      "PostToolUseFailure": …the same as PostToolUse…}}
 
 ``--timeout`` must repeat the handler's ``timeout`` (or set ``SIGNOFF_HOOK_TIMEOUT``;

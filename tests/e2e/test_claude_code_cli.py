@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +48,7 @@ from tests.conftest import Server, free_port
 from tests.e2e.fake_anthropic import FakeAnthropic, Script
 
 VENV_BIN = Path(sys.executable).parent
+EXAMPLE_SETTINGS = Path(__file__).resolve().parents[2] / "examples" / "claude_code_settings.json"
 CLAUDE = Path(
     os.environ.get("SIGNOFF_TEST_CLAUDE", Path(sys.prefix) / "claude-code/node_modules/.bin/claude")
 )
@@ -149,7 +151,7 @@ class Project:
 
     @property
     def command(self) -> str:
-        return f"echo signoff-ran > {self.marker}"
+        return f"echo signoff-ran > {shlex.quote(str(self.marker))}"
 
     def script(self) -> Script:
         return Script("Bash", {"command": self.command, "description": "Write the marker file"})
@@ -185,8 +187,10 @@ class Claude:
         self._procs: list[asyncio.subprocess.Process] = []
 
     async def run(self, project: Project, fake: FakeAnthropic, signoff_url: str, signoff_key: str) -> Run:
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            # Never this virtualenv's bin: every hook is found by its settings alone.
+            "PATH": os.pathsep.join(p for p in path if Path(p) != VENV_BIN),
             "HOME": str(project.home),
             "TMPDIR": str(project.tmp),  # the CLI keeps per-project scratch files there
             "ANTHROPIC_BASE_URL": fake.url,
@@ -350,6 +354,35 @@ async def test_approved_command_runs(
     assert (reported["tool"], reported["arguments"]["command"]) == ("Bash", project.command)
     assert (reported["session_id"], reported["tool_call_id"]) == (request["session_id"], script.tool_use_id)
     assert reported["error"] is None
+
+
+async def test_the_example_settings_work_in_a_project_with_its_own_virtualenv(
+    claude: Claude, tmp_path: Path, server: Server, agent_key: str, admin_headers: dict[str, str]
+) -> None:
+    """``examples/claude_code_settings.json`` as it is, in an agent project (a space in its path)
+    whose own ``.venv`` holds ``signoff-hook``, with no ``signoff-hook`` on the PATH: the CLI
+    finds the hook through ``"$CLAUDE_PROJECT_DIR"``, for PreToolUse and for the report."""
+    project = Project(root=tmp_path / "agent project", home=tmp_path / "home", tmp=tmp_path / "tmp")
+    for directory in (project.root / ".venv" / "bin", project.home, project.tmp):
+        directory.mkdir(parents=True)
+    # The console script, as `pip install` of signoff-hooks into the project's venv leaves it.
+    (project.root / ".venv" / "bin" / "signoff-hook").symlink_to(VENV_BIN / "signoff-hook")
+    project.configure(json.loads(EXAMPLE_SETTINGS.read_text(encoding="utf-8")))
+    script = project.script()
+    async with FakeAnthropic(script) as fake:
+        request, run = await decide_while_claude_waits(
+            claude, project, fake, server, agent_key, admin_headers, Verdict.APPROVE, "alice"
+        )
+
+    assert run.returncode == 0, run.stderr
+    assert request["arguments"]["command"] == project.command
+    assert project.marker.read_text() == "signoff-ran\n"
+    assert denial_ids(run) == []
+    (reported,) = await reported_calls(server, admin_headers)
+    assert (reported["tool_call_id"], reported["arguments"]["command"]) == (
+        script.tool_use_id,
+        project.command,
+    )
 
 
 async def test_an_edited_command_runs_as_edited_and_is_reported_under_the_same_key(

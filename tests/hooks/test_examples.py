@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -190,26 +191,47 @@ async def test_python_client_example_fails_closed_when_signoff_is_down(spawn: Sp
     assert "paid invoice" not in out
 
 
+CLAUDE_CODE_SETTINGS = EXAMPLES / "claude_code_settings.json"
+PROJECT_HOOK = "$CLAUDE_PROJECT_DIR/.venv/bin/signoff-hook"
+"""Where the example finds the hook: the agent project's own virtualenv, whatever the PATH."""
+
+
 def claude_code_handler(event: str = "PreToolUse") -> tuple[str, dict[str, Any]]:
-    settings = json.loads((EXAMPLES / "claude_code_settings.json").read_text(encoding="utf-8"))
+    settings = json.loads(CLAUDE_CODE_SETTINGS.read_text(encoding="utf-8"))
     (group,) = settings["hooks"][event]
     (handler,) = group["hooks"]
     return group["matcher"], handler
 
 
+def hook_argv(handler: dict[str, Any]) -> list[str]:
+    """The handler's command line as a shell splits it (variables left as written)."""
+    assert "args" not in handler, "the string form: `args` would mean no shell, so no $CLAUDE_PROJECT_DIR"
+    return shlex.split(handler["command"])
+
+
 def test_claude_code_settings_snippet() -> None:
     matcher, handler = claude_code_handler()
-    for name in ("Bash", "Write", "Edit", "mcp__github__create_issue"):
+    for name in ("Bash", "Write", "Edit", "NotebookEdit", "mcp__github__create_issue"):
         assert re.search(matcher, name), name
-    for name in ("Read", "NotebookEdit", "BashOutput", "Grep"):
+    for name in ("Read", "BashOutput", "MultiEditor", "Grep"):
         assert not re.search(matcher, name), name
     assert handler["type"] == "command"
-    assert handler["command"] == "signoff-hook"
-    assert handler["args"][:1] == ["claude-code"]
+    # Quoted, so that a project path with a space in it still names one file.
+    assert handler["command"].startswith('"$CLAUDE_PROJECT_DIR"/.venv/bin/signoff-hook ')
+    argv = hook_argv(handler)
+    assert argv[:2] == [PROJECT_HOOK, "claude-code"]
     assert handler["onFailure"] == "block"
     # The hook must know Claude Code's timeout, to give up (exit 2) before Claude Code does.
-    args = handler["args"]
-    assert float(args[args.index("--timeout") + 1]) == handler["timeout"] >= 600
+    assert float(argv[argv.index("--timeout") + 1]) == handler["timeout"] >= 600
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/agents.md"])
+def test_the_documents_show_the_example_settings(document: str) -> None:
+    """The Claude Code settings a document shows are the example file's, as they are."""
+    text = (REPO / document).read_text(encoding="utf-8")
+    blocks = re.findall(r"```json\n(.*?)```", text, flags=re.DOTALL)
+    shown = [json.loads(b) for b in blocks if '"PreToolUse"' in b]
+    assert shown == [json.loads(CLAUDE_CODE_SETTINGS.read_text(encoding="utf-8"))]
 
 
 @pytest.mark.parametrize("event", ["PostToolUse", "PostToolUseFailure"])
@@ -218,21 +240,28 @@ def test_claude_code_settings_report_every_call_the_gate_sees(event: str) -> Non
     matcher, _ = claude_code_handler()
     post_matcher, post = claude_code_handler(event)
     assert post_matcher == matcher
-    assert (post["type"], post["command"], post["args"][:1]) == ("command", "signoff-hook", ["claude-code"])
+    argv = hook_argv(post)
+    assert (post["type"], argv[:2]) == ("command", [PROJECT_HOOK, "claude-code"])
     # Claude Code waits for it, but never long: the report gives up after 2 s and exits 0.
-    assert float(post["args"][post["args"].index("--timeout") + 1]) == post["timeout"] <= 30
+    assert float(argv[argv.index("--timeout") + 1]) == post["timeout"] <= 30
     assert "onFailure" not in post, "a report that fails must not block anything"
     assert "async" not in post, "claude -p ends async hooks with the run: the report would be lost"
 
 
 async def test_claude_code_settings_command_against_the_server(
-    server: Server, demo_key: str, runtime: Runtime, spawn: Spawn
+    server: Server, demo_key: str, runtime: Runtime, spawn: Spawn, tmp_path: Path
 ) -> None:
+    """Each handler's command, run by a shell as Claude Code runs it, in a project whose own
+    virtualenv holds the hook (the end-to-end suite runs the same file under the real CLI)."""
     _, handler = claude_code_handler()
-    bin_dir = str(Path(sys.executable).parent)
-    command = shutil.which(handler["command"], path=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
-    assert command is not None, "the signoff-hook console script is not installed"
-    env = example_env(server.url, demo_key)
+    hook = Path(sys.executable).with_name("signoff-hook")
+    assert hook.exists(), "the signoff-hook console script is not installed"
+    project = tmp_path / "agent project"
+    (project / ".venv" / "bin").mkdir(parents=True)
+    (project / ".venv" / "bin" / "signoff-hook").symlink_to(hook)
+    env = {**example_env(server.url, demo_key), "CLAUDE_PROJECT_DIR": str(project)}
+    shell = shutil.which("sh")
+    assert shell is not None
 
     def hook_input(tool_name: str, tool_input: dict[str, Any], tool_use_id: str) -> bytes:
         data = {
@@ -247,12 +276,12 @@ async def test_claude_code_settings_command_against_the_server(
         return json.dumps(data).encode()
 
     # No gate of examples/signoff.yaml matches Write: no opinion, Claude Code's own rules apply.
-    proc = await spawn(command, *handler["args"], env=env)
+    proc = await spawn(shell, "-c", handler["command"], env=env)
     code, out, err = await finish(proc, hook_input("Write", {"file_path": "/tmp/x", "content": "x"}, "t1"))
     assert (code, json.loads(out)) == (0, {}), err
 
     # Bash matches the "shell" gate: the hook waits for a person, then answers allow.
-    proc = await spawn(command, *handler["args"], env=env)
+    proc = await spawn(shell, "-c", handler["command"], env=env)
     assert proc.stdin is not None
     proc.stdin.write(hook_input("Bash", {"command": "make test"}, "t2"))
     await proc.stdin.drain()
@@ -275,5 +304,7 @@ async def test_claude_code_settings_command_against_the_server(
         "hook_event_name": "PostToolUse",
         "tool_response": {"stdout": "ok", "stderr": "", "interrupted": False},
     }
-    code, out, err = await finish(await spawn(command, *post["args"], env=env), json.dumps(report).encode())
+    code, out, err = await finish(
+        await spawn(shell, "-c", post["command"], env=env), json.dumps(report).encode()
+    )
     assert (code, out, err) == (0, "", "")
