@@ -1,16 +1,19 @@
 # Two commands: `make run` (the server on SQLite with the example config) and
 # `make test` (everything CI runs). Both install what they need into .venv.
+# `make dist` builds the two distributions, signoff-hooks (what an agent installs) and
+# signoff (the server), as sdists and wheels into dist/.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+DIST ?= dist
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hooks/pyproject.toml | cksum | cut -d' ' -f1)
 
 export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff_test
 MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install run test lint typecheck migrations-check pytest postgres chromium bench clean
+.PHONY: install run test lint typecheck migrations-check pytest postgres chromium bench dist clean
 
 install: $(STAMP)
 
@@ -73,5 +76,12 @@ pytest: install chromium
 bench: install postgres
 	@$(BIN)/python -m bench
 
+# tests/test_distributions.py builds with this target (and installs what it builds).
+dist: install
+	@echo "==> building signoff-hooks and signoff into $(DIST)/"
+	@$(BIN)/python -m build --quiet --outdir $(DIST) hooks
+	@$(BIN)/python -m build --quiet --outdir $(DIST) .
+	@ls $(DIST)/*.whl
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache signoff.db*
+	rm -rf $(VENV) $(DIST) .pytest_cache .mypy_cache .ruff_cache signoff.db*

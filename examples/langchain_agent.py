@@ -1,6 +1,7 @@
 """Gate a LangChain v1 (LangGraph) agent's tools with the ``SignoffMiddleware``.
 
-Needs ``pip install 'signoff-hooks[langchain]'``. With ``make run`` going (examples/signoff.yaml)::
+Needs signoff-hooks with its langchain extra (from this checkout: ``pip install './hooks[langchain]'``).
+With ``make run`` going (examples/signoff.yaml)::
 
     export SIGNOFF_URL=http://127.0.0.1:8000
     export SIGNOFF_API_KEY=$(signoff keys create demo-agent | tail -1)

@@ -1,6 +1,8 @@
 """Gate an OpenAI Agents SDK agent's tools with Signoff's ``needs_approval`` and resolver.
 
-Needs ``pip install 'signoff-hooks[openai-agents]'``. With ``make run`` going (examples/signoff.yaml)::
+Needs signoff-hooks with its openai-agents extra
+(from this checkout: ``pip install './hooks[openai-agents]'``).
+With ``make run`` going (examples/signoff.yaml)::
 
     export SIGNOFF_URL=http://127.0.0.1:8000
     export SIGNOFF_API_KEY=$(signoff keys create demo-agent | tail -1)

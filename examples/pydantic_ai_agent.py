@@ -1,6 +1,7 @@
 """Gate a Pydantic AI agent's tools with the ``SignoffApprovals`` capability.
 
-Needs ``pip install 'signoff-hooks[pydantic-ai]'``. With ``make run`` going (examples/signoff.yaml)::
+Needs signoff-hooks with its pydantic-ai extra (from this checkout: ``pip install './hooks[pydantic-ai]'``).
+With ``make run`` going (examples/signoff.yaml)::
 
     export SIGNOFF_URL=http://127.0.0.1:8000
     export SIGNOFF_API_KEY=$(signoff keys create demo-agent | tail -1)

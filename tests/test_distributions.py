@@ -1,5 +1,6 @@
-"""The two distributions as a user installs them: built from this repository (sdist, then the
-wheel from the sdist), each installed into a fresh virtualenv, looked at from the outside.
+"""The two distributions as a user installs them: built from this repository by ``make dist``
+(sdist, then the wheel from the sdist), each installed into a fresh virtualenv, looked at from
+the outside.
 
 The wheels are built once per run, and each set of extras gets one virtualenv per run, shared
 by the tests that look at it. The virtualenvs are made without pip of their own and filled by
@@ -16,6 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from signoff.hooks._install import install_hint
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -34,10 +37,10 @@ def run(*args: str | Path, timeout: float = 600, **kw: object) -> str:
 
 @pytest.fixture(scope="session")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Both distributions, built once per run."""
+    """Both distributions, built once per run by ``make dist`` with this environment's Python
+    (``-o install``: this environment is installed already)."""
     out = tmp_path_factory.mktemp("dist")
-    for source in (REPO / "hooks", REPO):
-        run(sys.executable, "-m", "build", "--outdir", out, source)
+    run("make", "-s", "-o", "install", "dist", f"DIST={out}", f"BIN={Path(sys.executable).parent}", cwd=REPO)
     return out
 
 
@@ -74,6 +77,15 @@ def virtualenv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Virtuale
 def installed(python: Path) -> set[str]:
     listed = json.loads(pip(python, "list", "--format", "json"))
     return {p["name"].lower().replace("_", "-") for p in listed} - {"pip", "setuptools"}
+
+
+def test_make_dist_builds_both_distributions(dist: Path) -> None:
+    assert sorted(p.name for p in dist.iterdir()) == [
+        f"signoff-{VERSION}-py3-none-any.whl",
+        f"signoff-{VERSION}.tar.gz",
+        f"signoff_hooks-{VERSION}-py3-none-any.whl",
+        f"signoff_hooks-{VERSION}.tar.gz",
+    ]
 
 
 def test_both_distributions_are_versioned_together() -> None:
@@ -171,13 +183,13 @@ def test_signoff_hooks_alone_needs_only_httpx(agent: Path) -> None:
             check=False,
         )
         assert missing.returncode == 1
-        assert f"pip install 'signoff-hooks[{extra}]'" in missing.stderr
+        assert missing.stderr.strip().endswith(f": {install_hint(extra)}")
     code, _, err = script(agent, "signoff-hook", "claude-code", "--submit-deadline", "0.5", stdin=BASH_CALL)
     assert code == 2
     assert "refused the connection" in err
     code, _, err = script(agent, "signoff-mcp-proxy", "--name", "x", "--", "true")
     assert code == 2
-    assert err.strip().endswith("pip install 'signoff-hooks[mcp]'")
+    assert err.strip().endswith(f": {install_hint('mcp')}")
 
 
 @pytest.mark.parametrize("on_path", ["by PYTHONPATH", "as the current directory"])
@@ -220,7 +232,7 @@ def test_a_signoff_package_in_the_project_directory_alone_shadows_nothing(
     assert "refused the connection" in err
     code, _, err = script(agent, "signoff-mcp-proxy", "--name", "x", "--", "true", cwd=tmp_path)
     assert code == 2
-    assert err.strip().endswith("pip install 'signoff-hooks[mcp]'")
+    assert err.strip().endswith(f": {install_hint('mcp')}")
 
 
 @pytest.mark.parametrize(

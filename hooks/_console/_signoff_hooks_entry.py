@@ -54,7 +54,9 @@ def _why(exc: BaseException) -> str:
     if found is None:
         return (
             f"signoff-hooks cannot be loaded ({type(exc).__name__}: {exc}); "
-            "reinstall it: pip install --force-reinstall signoff-hooks"
+            # signoff.hooks._install.install_hint's words: nothing of signoff loads here.
+            "reinstall it: pip install --force-reinstall '<signoff checkout>/hooks' "
+            "(signoff-hooks is not on the package index yet)"
         )
     import os
 

@@ -23,7 +23,7 @@ Without a ``thread_id`` each call gets a fresh key.
 
 Use a :class:`GateClient` for ``invoke``/``stream``; for ``ainvoke``/``astream`` an
 :class:`AsyncGateClient` (a sync client also works there, in a worker thread).
-Requires ``pip install 'signoff-hooks[langchain]'``.
+Requires the ``langchain`` extra: ``pip install '<signoff checkout>/hooks[langchain]'``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ try:
     from langchain_core.messages import ToolMessage
     from langgraph.types import Command
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    from signoff.hooks._install import install_hint
+
     raise ImportError(
-        "signoff.hooks.adapters.langchain needs LangChain: pip install 'signoff-hooks[langchain]'"
+        f"signoff.hooks.adapters.langchain needs LangChain: {install_hint('langchain')}"
     ) from exc
 
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key

@@ -32,7 +32,7 @@ The idempotency key is ``openai-agents:<session_id>:<call_id>``; ``needs_approva
 ``resolve`` use the same one, so the request created up front is the one waited on.
 Pass a stable ``session_id`` (the conversation id) when a ``RunState`` may be resumed
 in another process; the default is random per :class:`SignoffApprovals`.
-Requires ``pip install 'signoff-hooks[openai-agents]'``.
+Requires the ``openai-agents`` extra: ``pip install '<signoff checkout>/hooks[openai-agents]'``.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ try:
     from agents.items import ToolApprovalItem
     from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    from signoff.hooks._install import install_hint
+
     raise ImportError(
-        "signoff.hooks.adapters.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'signoff-hooks[openai-agents]'"
+        f"signoff.hooks.adapters.openai_agents needs the OpenAI Agents SDK: {install_hint('openai-agents')}"
     ) from exc
 
 from signoff.hooks._gate import describe_changes

@@ -25,7 +25,7 @@ the tool raised), it is reported to Signoff under the same idempotency key with 
 arguments it ran with, which uses up its approval.
 
 The idempotency key is ``pydantic-ai:<conversation_id or run_id>:<tool_call_id>``.
-Requires ``pip install 'signoff-hooks[pydantic-ai]'``.
+Requires the ``pydantic-ai`` extra: ``pip install '<signoff checkout>/hooks[pydantic-ai]'``.
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ try:
     from pydantic_ai.capabilities import AbstractCapability, ValidatedToolArgs
     from pydantic_ai.messages import ToolCallPart
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    from signoff.hooks._install import install_hint
+
     raise ImportError(
-        "signoff.hooks.adapters.pydantic_ai needs Pydantic AI: pip install 'signoff-hooks[pydantic-ai]'"
+        f"signoff.hooks.adapters.pydantic_ai needs Pydantic AI: {install_hint('pydantic-ai')}"
     ) from exc
 
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key

@@ -33,7 +33,8 @@ Tasks are not relayed: the proxy offers no task augmentation (a ``tools/call`` s
 task is gated and answered as a plain call) and refuses ``tasks/*``. Every executed call
 is reported (``POST /v1/hooks/post-tool-use``) with the idempotency key it was allowed
 under. See :class:`~signoff.hooks.mcp_proxy._calls.CallLedger` for how keys are chosen,
-and ``docs/mcp.md`` for client configuration. Requires ``pip install 'signoff-hooks[mcp]'``.
+and ``docs/mcp.md`` for client configuration. Requires the ``mcp`` extra:
+``pip install '<signoff checkout>/hooks[mcp]'``.
 """
 
 from signoff.hooks.mcp_proxy._cli import main

@@ -57,9 +57,9 @@ try:
 
     from signoff.hooks.mcp_proxy._clients import INPUT_WAIT, Clients, Exchange, connection_key
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "signoff.hooks.mcp_proxy needs the MCP Python SDK: pip install 'signoff-hooks[mcp]'"
-    ) from exc
+    from signoff.hooks._install import install_hint
+
+    raise ImportError(f"signoff.hooks.mcp_proxy needs the MCP Python SDK: {install_hint('mcp')}") from exc
 
 __all__ = ["GatingProxy", "StartupError", "Upstream", "connect_upstream"]
 
