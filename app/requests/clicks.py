@@ -26,7 +26,7 @@ from signoff.app.requests.eligibility import (
     gates_of,
 )
 from signoff.app.requests.states import get_request
-from signoff.app.requests.votes import apply_vote, refuse_vote, votes_for
+from signoff.app.requests.votes import VoteResult, apply_vote, refuse_vote, votes_for
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]
@@ -70,16 +70,26 @@ class ClickService:
             if req is None:
                 return _no_request(click)
             why = await self._refusal(session, req, channel, kind, interactive, voter, click)
+            voted = None
             if why is not _LOOK_UP or interactive is None:
-                return await self._apply(session, req, channel, kind, voter, click, why)
-        # Only the platform can say whether the clicker is the requester: ask it outside any
-        # transaction (never with the request locked), then vote in a unit of work of its own.
-        voter, refused = await self._with_email(interactive, voter)
-        async with transaction(self._sessions) as session:
-            req = await get_request(session, click.request_id, for_update=True)
-            if req is None:
-                return _no_request(click)
-            return await self._apply(session, req, channel, kind, voter, click, refused)
+                voted = await self._apply(session, req, voter, click, why)
+        if voted is None:
+            # Only the platform can say whether the clicker is the requester: ask it outside
+            # any transaction (never with the request locked), then vote in a unit of work of
+            # its own.
+            assert interactive is not None
+            voter, refused = await self._with_email(interactive, voter)
+            async with transaction(self._sessions) as session:
+                req = await get_request(session, click.request_id, for_update=True)
+                if req is None:
+                    return _no_request(click)
+                voted = await self._apply(session, req, voter, click, refused)
+        # The card is drawn once the vote has committed: the waiting agents answer first.
+        result, votes = voted
+        card = build_card(
+            result.request, votes, self._config, kind, channel=channel, public_url=self._public_url
+        )
+        return ClickOutcome(result.accepted, result.message, card)
 
     async def _refusal(
         self,
@@ -108,17 +118,10 @@ class ClickService:
         return why
 
     async def _apply(
-        self,
-        session: AsyncSession,
-        req: ConfirmationRequest,
-        channel: str,
-        kind: str,
-        voter: Voter,
-        click: Click,
-        why: str | None,
-    ) -> ClickOutcome:
-        """The vote (or its refusal) on the locked ``req``, and the card as this unit of work
-        leaves it."""
+        self, session: AsyncSession, req: ConfirmationRequest, voter: Voter, click: Click, why: str | None
+    ) -> tuple[VoteResult, list[Vote]]:
+        """The vote (or its refusal) on the locked ``req``, and the votes as this unit of work
+        leaves them."""
         if why is not None:
             result = await refuse_vote(
                 session, req, voter=voter, verdict=click.verdict, why=why, reason=click.reason
@@ -134,9 +137,7 @@ class ClickService:
                 grant=click.grant,
                 arguments=click.arguments,
             )
-        votes = await votes_for(session, req.id)
-        card = build_card(req, votes, self._config, kind, channel=channel, public_url=self._public_url)
-        return ClickOutcome(result.accepted, result.message, card)
+        return result, await votes_for(session, req.id)
 
     def _voter(self, channel: str, kind: str, click: Click) -> Voter:
         known = (self._config.person_for(kind, uid) for uid in identity_of(kind).clicker_ids(click))
