@@ -145,6 +145,28 @@ def ratio(runs: list[Run], series: str) -> str:
     return f"{statistics.median(ratios):.1f} ({min(ratios):.1f} to {max(ratios):.1f})"
 
 
+def table(results: Results) -> str:
+    """The Markdown table of ``results``: per database, figure and tree, every run together."""
+    lines = [
+        "| figure | db | tree | p50 / p99 (run p50s) | floor p50 (echo + fsync) | ratio p50 / floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    labels = (("click", "signed Slack click → waiter"), ("api", "operator API decision → waiter"))
+    for db in dict.fromkeys(r.db for r in results.runs):
+        for series, label in labels:
+            for tree in dict.fromkeys(r.tree for r in results.runs):
+                runs = results.of(tree, db)
+                if not runs:
+                    continue
+                floors = [r.floor for r in runs]
+                echo_p50 = statistics.median(pct(r.echo, 50) for r in runs)
+                fsync_p50 = statistics.median(pct(r.fsync, 50) for r in runs)
+                floor = f"{statistics.median(floors):.2f} ms ({echo_p50:.2f} + {fsync_p50:.2f})"
+                figures = f"{summary(runs, series)} | {floor} | {ratio(runs, series)}"
+                lines.append(f"| {label} | {db} | {tree} | {figures} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--before", default="d909199")
@@ -152,7 +174,11 @@ def main() -> None:
     p.add_argument("--alternate", type=int, default=3)
     p.add_argument("--db", nargs="+", choices=["sqlite", "postgres"], default=["sqlite", "postgres"])
     p.add_argument("--json", type=Path, help="write every sample here")
+    p.add_argument("--report", type=Path, help="only print the table of a --json file")
     args = p.parse_args()
+    if args.report:
+        print(table(Results([Run(**r) for r in json.loads(args.report.read_text())])))
+        return
     results = Results()
     with (
         source_tree(args.before) as before_env,
@@ -164,22 +190,17 @@ def main() -> None:
             for i in range(args.alternate):
                 for tree, env in trees.items():
                     print(f"[click-latency] {db} {tree} run {i + 1}/{args.alternate}", file=sys.stderr)
-                    results.runs.append(one_run(tree, db, env, slack, echo, args.rounds))
-    print("| figure | db | tree | p50 / p99 (run p50s) | floor p50 (echo + fsync) | ratio p50 / floor |")
-    print("|---|---|---|---|---|---|")
-    labels = (("click", "signed Slack click → waiter"), ("api", "operator API decision → waiter"))
-    for db in args.db:
-        for series, label in labels:
-            for tree in trees:
-                runs = results.of(tree, db)
-                floors = [r.floor for r in runs]
-                echo_p50 = statistics.median(pct(r.echo, 50) for r in runs)
-                fsync_p50 = statistics.median(pct(r.fsync, 50) for r in runs)
-                floor = f"{statistics.median(floors):.2f} ms ({echo_p50:.2f} + {fsync_p50:.2f})"
-                figures = f"{summary(runs, series)} | {floor} | {ratio(runs, series)}"
-                print(f"| {label} | {db} | {tree} | {figures} |")
-    if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in results.runs]))
+                    run = one_run(tree, db, env, slack, echo, args.rounds)
+                    results.runs.append(run)
+                    print(
+                        f"[click-latency]   click p50 {pct(run.click, 50):.1f} p99 {pct(run.click, 99):.1f}, "
+                        f"api p50 {pct(run.api, 50):.1f} p99 {pct(run.api, 99):.1f}, "
+                        f"echo p50 {pct(run.echo, 50):.2f}, fsync p50 {pct(run.fsync, 50):.2f} ms",
+                        file=sys.stderr,
+                    )
+                    if args.json:  # after every run: a cut-short run keeps what it measured
+                        args.json.write_text(json.dumps([r.__dict__ for r in results.runs]))
+    print(table(results))
 
 
 if __name__ == "__main__":
