@@ -36,7 +36,7 @@ from signoff.app.db import (
 )
 from signoff.app.keys import create_key, revoke_keys
 from signoff.app.models import AgentKey, ConfirmationRequest, Grant, Status, utcnow
-from signoff.app.operators import decide, resolve_grant
+from signoff.app.operators import GrantNamed, decide
 from signoff.app.requests import grants
 from signoff.app.requests.eligibility import gates_of
 from signoff.app.requests.states import get_request
@@ -467,15 +467,7 @@ def _decide(
                 f"(approvers of this request: {approvers})",
                 2,
             )
-        choice = None
-        if wanted is not None:
-            scope, seconds, same = wanted
-            found = await resolve_grant(session, request_id, scope=scope, seconds=seconds, same=same)
-            if found is None:
-                return None
-            if isinstance(found, str):
-                raise CliError(found)
-            choice = found
+        choice = GrantNamed(*wanted) if wanted is not None else None
         result = await decide(
             session,
             request_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -11,21 +12,20 @@ from signoff.app.config import SignoffConfig
 from signoff.app.requests.eligibility import Voter, gates_of
 from signoff.app.requests.grants import resolve_choice
 from signoff.app.requests.states import get_request
-from signoff.app.requests.votes import VoteResult, cast_vote
+from signoff.app.requests.votes import VoteResult, apply_vote
 from signoff.channels import GrantChoice, Verdict
 
-__all__ = ["decide", "operator_voter", "resolve_grant"]
+__all__ = ["GrantNamed", "decide", "operator_voter"]
 
 
-async def resolve_grant(
-    session: AsyncSession, request_id: str, *, scope: str, seconds: int, same: Sequence[str] | None
-) -> GrantChoice | str | None:
-    """The grant of the request's gates an operator names (by scope and time, and ``same`` when
-    given), or why none is meant; None if there is no such request."""
-    req = await get_request(session, request_id)
-    if req is None:
-        return None
-    return resolve_choice(gates_of(req), scope=scope, seconds=seconds, same=same)
+@dataclass(frozen=True, slots=True)
+class GrantNamed:
+    """A grant an operator names by scope and time (and ``same``, when given): one of those the
+    request's gates offer, found once the request is read (see :func:`decide`)."""
+
+    scope: str
+    seconds: int
+    same: Sequence[str] | None = None
 
 
 def operator_voter(operator: str, config: SignoffConfig, *, via: str = "web") -> Voter:
@@ -49,17 +49,26 @@ async def decide(
     operator: str,
     config: SignoffConfig,
     reason: str | None = None,
-    grant: GrantChoice | None = None,
+    grant: GrantChoice | GrantNamed | None = None,
     arguments: Mapping[str, Any] | None = None,
     via: str = "web",
 ) -> VoteResult | None:
     """Vote as ``operator`` through the built-in web channel, with the gate's approver rules
-    (approving with ``grant``, or with ``arguments`` changed, when given)."""
-    voter = operator_voter(operator, config, via=via)
-    return await cast_vote(
+    (approving with ``grant``, or with ``arguments`` changed, when given), reading the request
+    once, under lock. A named grant the gates do not offer is refused with nothing recorded.
+    None if there is no such request."""
+    req = await get_request(session, request_id, for_update=True)
+    if req is None:
+        return None
+    if isinstance(grant, GrantNamed):
+        found = resolve_choice(gates_of(req), scope=grant.scope, seconds=grant.seconds, same=grant.same)
+        if isinstance(found, str):
+            return VoteResult(False, found, req)
+        grant = found
+    return await apply_vote(
         session,
-        request_id,
-        voter=voter,
+        req,
+        voter=operator_voter(operator, config, via=via),
         verdict=verdict,
         config=config,
         reason=reason,

@@ -29,6 +29,7 @@ from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, 
 __all__ = [
     "RequestFilter",
     "admin_view",
+    "admin_view_of",
     "audit_events",
     "audit_page",
     "config_view",
@@ -209,10 +210,13 @@ async def failed_webhooks(session: AsyncSession, *, limit: int = 200) -> list[De
 async def admin_view(session: AsyncSession, request_id: str) -> AdminRequestOut | None:
     """One request with its votes and audit trail; None if there is no such request."""
     req = await get_request(session, request_id)
-    if req is None:
-        return None
+    return None if req is None else await admin_view_of(session, req)
+
+
+async def admin_view_of(session: AsyncSession, req: ConfirmationRequest) -> AdminRequestOut:
+    """:func:`admin_view` of ``req``, already read."""
     base = await request_out(session, req)
-    trail = await request_trail(session, request_id)
+    trail = await request_trail(session, req.id)
     return AdminRequestOut(**base.model_dump(), audit=[AuditEventOut.of(e) for e in trail])
 
 

@@ -218,6 +218,43 @@ def test_a_projects_own_signoff_blocks_the_hook_and_stops_the_proxy(
     assert proxy == (2, "", f"signoff-mcp-proxy: {why}\n")
 
 
+@pytest.fixture
+def server_bin(virtualenv: Virtualenvs) -> Path:
+    """The virtualenv holding the server (and so signoff-hooks), as an operator installs it."""
+    return virtualenv(f"signoff=={VERSION}").parent
+
+
+@pytest.mark.parametrize("shadow", list(SHADOWS))
+def test_the_servers_own_hook_command_blocks_when_a_projects_signoff_shadows_it(
+    server_bin: Path, tmp_path: Path, shadow: str
+) -> None:
+    """``signoff hook claude-code`` is ``signoff-hook claude-code``: a shadowing ``signoff``
+    on the Python path exits 2 (the call blocked) with the same one line, never exit 1."""
+    project = tmp_path / "project"
+    shadowing, named = SHADOWS[shadow]
+    (project / shadowing).parent.mkdir(parents=True, exist_ok=True)
+    (project / shadowing).write_text("")
+    why = (
+        f"{named.format(project=project)} shadows signoff-hooks; "
+        f"rename it, or take {project} off the Python path (PYTHONPATH)"
+    )
+    hook = script(
+        server_bin, "signoff", "hook", "claude-code", cwd=tmp_path, stdin=BASH_CALL, PYTHONPATH=str(project)
+    )
+    assert hook == (2, "", f"Blocked by the Signoff approval hook: {why}\n")
+    # Unshadowed, the same command is the hook itself: the server unreachable, the call blocked.
+    hook_once = ("hook", "claude-code", "--submit-deadline", "0.5")
+    code, _, err = script(server_bin, "signoff", *hook_once, cwd=tmp_path, stdin=BASH_CALL)
+    assert (code, "refused the connection" in err) == (2, True)
+    # Every other command is the server's: shadowed, it cannot start, and says why in one line.
+    code, out, err = script(server_bin, "signoff", "--help", cwd=tmp_path, PYTHONPATH=str(project))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"signoff: {named.format(project=project)} shadows signoff; "
+        f"rename it, or take {project} off the Python path (PYTHONPATH)\n"
+    )
+
+
 def test_a_signoff_package_in_the_project_directory_alone_shadows_nothing(
     agent: Path, tmp_path: Path
 ) -> None:

@@ -26,7 +26,7 @@ from signoff.app.requests.eligibility import (
     gates_of,
 )
 from signoff.app.requests.states import get_request
-from signoff.app.requests.votes import VoteResult, cast_vote, refuse_vote, votes_for
+from signoff.app.requests.votes import VoteResult, apply_vote, refuse_vote, votes_for
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]
@@ -35,6 +35,9 @@ log = logging.getLogger("signoff.clicks")
 
 LOOKUP_SECONDS = 1.5
 """How long a clicker's look-up may take (Slack and Feishu want an answer within 3 s)."""
+
+_LOOK_UP = "look the clicker up"
+"""What :meth:`ClickService._refusal` answers when only the clicker's email can tell."""
 
 
 class ClickService:
@@ -55,10 +58,91 @@ class ClickService:
         self._public_url = public_url
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
+        """Apply one click in one unit of work, reading its request once (under lock): where
+        it came from, the vote, the transition, the card. A decision wakes the agents waiting
+        on it as it commits (:func:`signoff.app.db.wake_after_commit`)."""
         kind = self._config.channel_type(channel)
+        voter = self._voter(channel, kind, click)
+        target = self._channels.get(channel)
+        interactive = target if isinstance(target, InteractiveChannel) else None
+        async with transaction(self._sessions) as session:
+            req = await get_request(session, click.request_id, for_update=True)
+            if req is None:
+                return _no_request(click)
+            why = await self._refusal(session, req, channel, kind, interactive, voter, click)
+            voted = None
+            if why is not _LOOK_UP or interactive is None:
+                voted = await self._apply(session, req, voter, click, why)
+        if voted is None:
+            # Only the platform can say whether the clicker is the requester: ask it outside
+            # any transaction (never with the request locked), then vote in a unit of work of
+            # its own.
+            assert interactive is not None
+            voter, refused = await self._with_email(interactive, voter)
+            async with transaction(self._sessions) as session:
+                req = await get_request(session, click.request_id, for_update=True)
+                if req is None:
+                    return _no_request(click)
+                voted = await self._apply(session, req, voter, click, refused)
+        # The card is drawn once the vote has committed: the waiting agents answer first.
+        result, votes = voted
+        card = build_card(
+            result.request, votes, self._config, kind, channel=channel, public_url=self._public_url
+        )
+        return ClickOutcome(result.accepted, result.message, card)
+
+    async def _refusal(
+        self,
+        session: AsyncSession,
+        req: ConfirmationRequest,
+        channel: str,
+        kind: str,
+        target: InteractiveChannel | None,
+        voter: Voter,
+        click: Click,
+    ) -> str | None:
+        """Why the click cannot count, found before voting (None: let the state machine say),
+        or :data:`_LOOK_UP` when the clicker's email must be looked up first."""
+        if kind == "web":
+            return NOT_HERE  # decided in Signoff itself, by operators: there is no card to click
+        if target is None:
+            return None
+        every = gates_of(req)
+        here = card_gates(every, channel, created_at=req.created_at, now=utcnow())
+        if not here:
+            return None  # a card of another channel: the state machine refuses it (audited there)
+        gates = [every[i] for i in here]
+        why = _elsewhere(target, await _posted_card(session, req.id, channel), click)
+        if why is None and self._needs_email(req, gates, voter):
+            return _LOOK_UP
+        return why
+
+    async def _apply(
+        self, session: AsyncSession, req: ConfirmationRequest, voter: Voter, click: Click, why: str | None
+    ) -> tuple[VoteResult, list[Vote]]:
+        """The vote (or its refusal) on the locked ``req``, and the votes as this unit of work
+        leaves them."""
+        if why is not None:
+            result = await refuse_vote(
+                session, req, voter=voter, verdict=click.verdict, why=why, reason=click.reason
+            )
+        else:
+            result = await apply_vote(
+                session,
+                req,
+                voter=voter,
+                verdict=click.verdict,
+                config=self._config,
+                reason=click.reason,
+                grant=click.grant,
+                arguments=click.arguments,
+            )
+        return result, await votes_for(session, req.id)
+
+    def _voter(self, channel: str, kind: str, click: Click) -> Voter:
         known = (self._config.person_for(kind, uid) for uid in identity_of(kind).clicker_ids(click))
         person = next((p for p in known if p is not None), None)
-        voter = Voter(
+        return Voter(
             channel=channel,
             user_id=click.user_id,
             # The directory name for people it knows; the platform's name for everyone else.
@@ -66,55 +150,6 @@ class ClickService:
             person=person,
             identity={**click.identity, **({"event_id": click.event_id} if click.event_id else {})},
         )
-        why: str | None = None
-        target = self._channels.get(channel)
-        if kind == "web":
-            why = NOT_HERE  # decided in Signoff itself, by operators: there is no card to click
-        elif isinstance(target, InteractiveChannel):
-            async with self._reads() as session:
-                current = await get_request(session, click.request_id)
-                posted = await _posted_card(session, click.request_id, channel) if current else None
-            # On a card of another channel the state machine refuses it (audited there).
-            gates = []
-            if current is not None:
-                every = gates_of(current)
-                here = card_gates(every, channel, created_at=current.created_at, now=utcnow())
-                gates = [every[i] for i in here]
-            if current is not None and gates:
-                why = _elsewhere(target, posted, click)
-                if why is None and self._needs_email(current, gates, voter):
-                    voter, why = await self._with_email(target, voter)
-        async with transaction(self._sessions) as session:
-            result: VoteResult | None
-            if why is not None:
-                result = await refuse_vote(
-                    session,
-                    click.request_id,
-                    voter=voter,
-                    verdict=click.verdict,
-                    why=why,
-                    reason=click.reason,
-                )
-            else:
-                result = await cast_vote(
-                    session,
-                    click.request_id,
-                    voter=voter,
-                    verdict=click.verdict,
-                    config=self._config,
-                    reason=click.reason,
-                    grant=click.grant,
-                    arguments=click.arguments,
-                )
-        if result is None:
-            return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))
-        # The card as committed, read after the write transaction has let go.
-        async with self._reads() as session:
-            votes = await votes_for(session, result.request.id)
-        card = build_card(
-            result.request, votes, self._config, kind, channel=channel, public_url=self._public_url
-        )
-        return ClickOutcome(result.accepted, result.message, card)
 
     def _needs_email(self, req: ConfirmationRequest, gates: list[GateSnapshot], voter: Voter) -> bool:
         """Whether the clicker's email could show the call was made for them: the request
@@ -197,6 +232,10 @@ def _elsewhere(target: InteractiveChannel, posted: MessageRef | None, click: Cli
     if conversation is not None and click.conversation != conversation:
         return NOT_HERE
     return None
+
+
+def _no_request(click: Click) -> ClickOutcome:
+    return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))
 
 
 def _missing_card(request_id: str) -> Card:

@@ -28,6 +28,7 @@ from signoff.channels import GrantChoice, Verdict, changes_text, edit_problem
 __all__ = [
     "GateApprovals",
     "VoteResult",
+    "apply_vote",
     "approvals_by_gate",
     "cast_vote",
     "describe_decided",
@@ -72,7 +73,38 @@ async def cast_vote(
     arguments: Mapping[str, Any] | None = None,
     now: datetime | None = None,
 ) -> VoteResult | None:
-    """Record one vote and apply the transition it causes. None if there is no such request.
+    """Lock request ``request_id`` and :func:`apply_vote` to it. None if there is no such request."""
+    req = await get_request(session, request_id, for_update=True)
+    if req is None:
+        return None
+    return await apply_vote(
+        session,
+        req,
+        voter=voter,
+        verdict=verdict,
+        config=config,
+        reason=reason,
+        grant=grant,
+        arguments=arguments,
+        now=now,
+    )
+
+
+async def apply_vote(
+    session: AsyncSession,
+    req: ConfirmationRequest,
+    *,
+    voter: Voter,
+    verdict: Verdict,
+    config: SignoffConfig,
+    reason: str | None = None,
+    grant: GrantChoice | None = None,
+    arguments: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> VoteResult:
+    """Record one vote on ``req`` (read under lock in this transaction, by
+    ``get_request(..., for_update=True)``) and apply the transition it causes: every
+    click, link and operator decision comes here, and the request is not read again.
 
     ``grant``: an approval that gives this grant instead of approving the one call; every
     gate the vote counts for must offer it. ``arguments``: an approval with these argument
@@ -81,9 +113,7 @@ async def cast_vote(
     not allow) change nothing but the audit log, and say why.
     """
     now = now or utcnow()
-    req = await get_request(session, request_id, for_update=True)
-    if req is None:
-        return None
+    request_id = req.id
     changes = edits.changed_fields(req.arguments, arguments) if arguments else {}
     detail = _vote_detail(voter, verdict, reason, grant)
     if changes:
@@ -246,18 +276,15 @@ async def _audit_refusal(
 
 async def refuse_vote(
     session: AsyncSession,
-    request_id: str,
+    req: ConfirmationRequest,
     *,
     voter: Voter,
     verdict: Verdict,
     why: str,
     reason: str | None = None,
-) -> VoteResult | None:
-    """Refuse a vote for a reason found before voting (where the click came from, who the
-    clicker is): only the audit log changes. None if there is no such request."""
-    req = await get_request(session, request_id)
-    if req is None:
-        return None
+) -> VoteResult:
+    """Refuse a vote on ``req`` for a reason found before voting (where the click came from,
+    who the clicker is): only the audit log changes."""
     await _audit_refusal(session, req, voter, _vote_detail(voter, verdict, reason), why)
     return VoteResult(False, why, req)
 

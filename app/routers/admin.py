@@ -14,7 +14,7 @@ from signoff.app.audit import Actor
 from signoff.app.bodies import StrictJSONRoute, storable
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.models import Status, utcnow
-from signoff.app.operators import decide, resolve_grant
+from signoff.app.operators import GrantNamed, decide
 from signoff.app.queries import RequestFilter
 from signoff.app.replicas import live_replicas
 from signoff.app.requests import grants
@@ -88,14 +88,7 @@ async def decide_request(
     grant = None
     if body.grant is not None:
         seconds = int(body.grant.for_.total_seconds())
-        found = await resolve_grant(
-            session, request_id, scope=body.grant.scope, seconds=seconds, same=body.grant.same
-        )
-        if found is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
-        if isinstance(found, str):
-            return JSONResponse({"detail": found}, status.HTTP_409_CONFLICT)
-        grant = found
+        grant = GrantNamed(body.grant.scope, seconds, body.grant.same)
     result = await decide(
         session,
         request_id,
@@ -114,7 +107,7 @@ async def decide_request(
         code = status.HTTP_422_UNPROCESSABLE_CONTENT if result.unprocessable else status.HTTP_409_CONFLICT
         return JSONResponse({"detail": result.message}, code)
     # The trail as this unit of work leaves it, which commits before the answer is sent.
-    return await _admin_view(session, request_id)
+    return await queries.admin_view_of(session, result.request)
 
 
 @router.get("/grants", response_model=list[GrantOut], responses=ERRORS)

@@ -1,4 +1,4 @@
-"""Where the console scripts of signoff-hooks start: a top-level module, outside the ``signoff`` namespace.
+"""Where the console scripts start: a top-level module, outside the ``signoff`` namespace.
 
 ``signoff.hooks`` lives in the namespace package ``signoff``. A project's own ``signoff``
 package (or module) earlier on the Python path hides that namespace, and a script whose
@@ -7,11 +7,15 @@ takes as "run the tool". Starting here, under a name no project uses, with nothi
 imported but ``sys`` before the ``try``, every failure to load exits 2 with one line on
 stderr naming the cause and the fix: ``signoff-hook`` blocks the call, and
 ``signoff-mcp-proxy`` does not start, so nothing reaches the upstream server.
+
+The server distribution's ``signoff`` script starts here too (it requires this distribution
+at its own version): ``signoff hook claude-code`` is ``signoff-hook claude-code``, with the
+same exit 2.
 """
 
 import sys
 
-__all__ = ["EXIT_CANNOT_LOAD", "hook", "mcp_proxy"]
+__all__ = ["EXIT_CANNOT_LOAD", "hook", "mcp_proxy", "server"]
 
 EXIT_CANNOT_LOAD = 2
 """Both scripts' status when they cannot load: the one code with which Claude Code blocks a
@@ -36,27 +40,46 @@ def mcp_proxy() -> None:
     main()
 
 
-def _cannot_load(prefix: str, exc: BaseException) -> int:
+def server() -> None:
+    """``signoff``: ``signoff hook claude-code …`` is :func:`hook` (exit 2 when the hook cannot
+    be loaded); every other command is the server's :func:`signoff.app.cli.main`."""
+    if sys.argv[1:3] == ["hook", "claude-code"]:
+        del sys.argv[1]  # what the hook's own command line reads: ``claude-code …``
+        hook()
+        return
     try:
-        sys.stderr.write(f"{prefix}: {_why(exc)}\n")
+        from signoff.app.cli import main
+    except BaseException as exc:
+        raise SystemExit(_cannot_load("signoff", exc, distribution="signoff")) from None
+    main()
+
+
+# Where each distribution is in a checkout (neither is on the package index yet).
+_FOLDER = {"signoff-hooks": "/hooks", "signoff": ""}
+
+
+def _cannot_load(prefix: str, exc: BaseException, *, distribution: str = "signoff-hooks") -> int:
+    try:
+        sys.stderr.write(f"{prefix}: {_why(exc, distribution)}\n")
         sys.stderr.flush()
     except BaseException:
         pass
     return EXIT_CANNOT_LOAD
 
 
-def _why(exc: BaseException) -> str:
-    """One line: what kept signoff-hooks from loading, and what to do about it."""
+def _why(exc: BaseException, distribution: str) -> str:
+    """One line: what kept ``distribution`` from loading, and what to do about it."""
     try:
         found = _shadow()
     except BaseException:
         found = None
     if found is None:
         return (
-            f"signoff-hooks cannot be loaded ({type(exc).__name__}: {exc}); "
+            f"{distribution} cannot be loaded ({type(exc).__name__}: {exc}); "
             # signoff.hooks._install.install_hint's words: nothing of signoff loads here.
-            "reinstall it: pip install --force-reinstall '<signoff checkout>/hooks' "
-            "(signoff-hooks is not on the package index yet)"
+            f"reinstall it: pip install --force-reinstall "
+            f"'<signoff checkout>{_FOLDER.get(distribution, '')}' "
+            "(it is not on the package index yet)"
         )
     import os
 
@@ -70,7 +93,7 @@ def _why(exc: BaseException) -> str:
         entry += " (the current directory)"
     kind = "package" if package else "module"
     return (
-        f"a {kind} named {name!r} at {where} shadows signoff-hooks; "
+        f"a {kind} named {name!r} at {where} shadows {distribution}; "
         f"rename it, or take {entry} off the Python path (PYTHONPATH)"
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 from collections.abc import AsyncIterator
@@ -26,6 +27,8 @@ from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
 from signoff.hooks import HookContext
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
+from tests.units_of_work import counting
+from tests.waiting import eventually
 
 VAULT_SECRET = "hunter2-the-vault-password"
 
@@ -579,3 +582,25 @@ async def test_nul_characters_are_a_422_not_a_database_error(
     )
     assert r.status_code == 422
     assert "NUL" in r.text
+
+
+async def test_a_decision_is_one_unit_of_work_that_reads_its_request_once(
+    http: httpx.AsyncClient, runtime: Runtime, agent_key: str, admin: Admin
+) -> None:
+    """The operator API's decision, the agent waiting on it released, and the trail it answers
+    with: one transaction, one read of the request (under lock)."""
+    rid = await ask(http, agent_key)
+    waiter = asyncio.create_task(
+        http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=auth(agent_key))
+    )
+    await eventually(lambda: runtime.hub.waiting)
+    with counting(runtime) as tally:
+        r = await admin.decide(rid, "approve", "alice")
+        assert r.status_code == 200, r.text
+        assert (await asyncio.wait_for(waiter, 10)).json()["status"] == "approved"
+        [task] = tally.tasks_writing("vote")
+        await asyncio.wait({task}, timeout=10)
+    [unit] = tally.by_task[task]
+    assert unit.reads_of("confirmation_request") == 1
+    assert unit.writes_to("confirmation_request")
+    assert [e["action"] for e in r.json()["audit"]] == ["created", "vote", "approved"]

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
+import _signoff_hooks_entry
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from signoff.app import entry
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import AgentConfig, parse_config
 from signoff.app.db import create_engine, migrate, sessionmaker, transaction
@@ -60,7 +60,7 @@ class Cli:
         env.update(self.env)
         with CliRunner().isolation(env=env) as (out, err, _), patch.object(sys, "argv", ["signoff", *args]):
             try:
-                entry.main()
+                _signoff_hooks_entry.server()
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1

@@ -29,6 +29,7 @@ from tests.channels.slack_support import (
     submission_payload,
 )
 from tests.conftest import DEFAULT_CONFIG, Server
+from tests.units_of_work import counting
 from tests.waiting import eventually
 
 NAME = "ops-slack"
@@ -451,3 +452,39 @@ async def test_a_rejection_reason_no_database_can_store_is_a_400(
     assert r.status_code == 400, r.text
     state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
     assert (state["status"], state["votes"]) == ("pending", [])
+
+
+async def test_a_signed_click_is_one_unit_of_work_that_reads_its_request_once(
+    fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    """Signed callback → vote → transition → the waiting agent released: one transaction,
+    one read of the request (under lock), on every engine the server has. The clicker's name
+    and email from ``users.info`` are written after the reply, in a unit of work of their own
+    that reads no request."""
+    server, http = slack_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    fake_slack.users["W0ALICE"] = slack_user("W0ALICE", "alice@example.com")
+    rid = await ask(http, agent, "deploy_api", None)
+    await eventually(lambda: fake_slack.calls_to("chat.postMessage"))
+    waiter = asyncio.create_task(http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=agent))
+    await eventually(lambda: server.runtime.hub.waiting)
+
+    with counting(server.runtime) as tally:
+        body, headers = click(ACTION_APPROVE, rid, "W0ALICE")
+        assert (await http.post(f"/callbacks/slack/{NAME}", content=body, headers=headers)).status_code == 200
+        assert (await asyncio.wait_for(waiter, 10)).json()["status"] == "approved"
+        [task] = tally.tasks_writing("vote")  # the callback's own task, its after-reply work too
+        await asyncio.wait({task}, timeout=10)
+    assert task.done()
+    click_unit, *after = tally.by_task[task]
+    assert click_unit.reads_of("confirmation_request") == 1
+    assert click_unit.writes_to("vote")
+    assert click_unit.writes_to("confirmation_request")
+    # What users.info said about the clicker, onto their votes: no request read, no decision.
+    assert [(u.reads_of("confirmation_request"), u.writes_to("confirmation_request")) for u in after] == [
+        (0, False)
+    ]
+    assert all(u.writes_to("vote") for u in after)
+    async with server.runtime.sessions() as s:
+        [vote] = (await s.exec(select(Vote).where(col(Vote.request_id) == rid))).all()
+    assert vote.email == "alice@example.com"
