@@ -18,6 +18,7 @@ __all__ = [
     "ChannelType",
     "build_channel",
     "identity_of",
+    "is_chat",
     "needs_links",
 ]
 
@@ -35,13 +36,15 @@ class ChannelType:
     create_linked: Callable[[str, Any, LinkSigner], Channel] | None = None
     """For a channel type whose messages carry signed links back to this server (email):
     built with the server's :class:`LinkSigner` instead of by ``create``."""
+    chat: bool = False
+    """Its cards are chat messages, redrawn as votes arrive: a decision's reason shows on them."""
 
 
 CHANNEL_TYPES: dict[str, ChannelType] = {
     "web": ChannelType(web.WebConfig, web.create, web.IDENTITY),
-    "fake": ChannelType(fake.FakeConfig, fake.create, fake.IDENTITY),
-    "feishu": ChannelType(feishu.FeishuConfig, feishu.create, feishu.IDENTITY),
-    "slack": ChannelType(slack.SlackConfig, slack.create, slack.IDENTITY),
+    "fake": ChannelType(fake.FakeConfig, fake.create, fake.IDENTITY, chat=True),
+    "feishu": ChannelType(feishu.FeishuConfig, feishu.create, feishu.IDENTITY, chat=True),
+    "slack": ChannelType(slack.SlackConfig, slack.create, slack.IDENTITY, chat=True),
     "email": ChannelType(email.EmailConfig, identity=email.IDENTITY, create_linked=email.create),
 }
 
@@ -63,6 +66,12 @@ def build_channel(name: str, config: ChannelConfig, *, links: LinkSigner | None 
     if kind.create is None:
         raise ValueError(f"channel type {config.type} has no factory")
     return kind.create(name, config)
+
+
+def is_chat(channel_type: str) -> bool:
+    """Whether ``channel_type``'s cards are chat messages (Slack, Feishu), not a page or a mail."""
+    known = CHANNEL_TYPES.get(channel_type)
+    return known is not None and known.chat
 
 
 def identity_of(channel_type: str) -> Identity:

@@ -34,6 +34,7 @@ from signoff.channels._contract import (
     edit_problem,
     lay_out_arguments,
     parse_edit_value,
+    while_same,
 )
 
 __all__ = [
@@ -70,4 +71,5 @@ __all__ = [
     "edit_problem",
     "lay_out_arguments",
     "parse_edit_value",
+    "while_same",
 ]

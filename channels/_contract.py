@@ -54,6 +54,7 @@ __all__ = [
     "parse_edit_value",
     "reminder_text",
     "safe_url",
+    "while_same",
 ]
 
 MAX_REASON_CHARS = 2000
@@ -153,9 +154,15 @@ class GrantChoice:
         """What giving it allows, in one sentence."""
         who = f"{agent} in this session" if self.scope == "session" else agent
         text = f"For {duration_text(self.seconds)}, {who} may run {tool} again without asking"
-        if self.same:
-            text += f" while {', '.join(self.same)} stay{'s' if len(self.same) == 1 else ''} the same"
-        return text + "."
+        return text + (f" {while_same(self.same)}." if self.same else ".")
+
+
+def while_same(fields: Sequence[str]) -> str:
+    """The condition a grant holds its calls to: ``while to stays the same``, ``while to and
+    amount stay the same``."""
+    *rest, last = fields
+    listed = f"{', '.join(rest)} and {last}" if rest else last
+    return f"while {listed} {'stays' if not rest else 'stay'} the same"
 
 
 MAX_EDIT_VALUE_BYTES = 4096

@@ -15,6 +15,8 @@ from signoff.app import queries
 from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
+from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
+from signoff.app.channel_types import is_chat
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import duration, summarize, time_left
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote, utcnow
@@ -37,6 +39,7 @@ __all__ = [
     "RequestView",
     "audit_view",
     "config_view",
+    "guarded_switches",
     "queue_view",
     "request_rows",
     "request_view",
@@ -66,6 +69,7 @@ class GateTally:
     name: str
     approvals: int
     quorum: int
+    channel: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,11 @@ class RequestRow:
         return " · ".join(g.name for g in self.gates)
 
     @property
+    def channels(self) -> str:
+        """The channels the gates ask in, each once: ``chat``, ``slack-ops · feishu``."""
+        return " · ".join(dict.fromkeys(g.channel for g in self.gates))
+
+    @property
     def progress(self) -> str:
         """Approvals so far of those needed: ``1 / 2``, or per gate ``deploy 1/2 · finance 0/1``."""
         if len(self.gates) == 1:
@@ -135,7 +144,7 @@ def row_of(
         summary=summarize(req.arguments),
         status=str(req.status),
         requester=_person(config, req.requester) or req.user_id,
-        gates=tuple(GateTally(g.name, n, g.quorum) for g, n in zip(gates, counts, strict=True)),
+        gates=tuple(GateTally(g.name, n, g.quorum, g.channel) for g, n in zip(gates, counts, strict=True)),
         channel=req.channel,
         created_at=req.created_at,
         expires_at=req.expires_at,
@@ -275,6 +284,11 @@ class RequestView:
         return self.gates[index].name if 0 <= index < len(self.gates) else f"#{index}"
 
     @property
+    def on_chat(self) -> bool:
+        """Whether a gate asks in a chat channel, whose card shows the decision's reason."""
+        return any(is_chat(g.channel_type) for g in self.gates)
+
+    @property
     def require_reject_reason(self) -> bool:
         """A rejection rejects for every gate: it needs a reason when any of them asks for one."""
         return any(g.require_reject_reason for g in self.gates)
@@ -397,6 +411,8 @@ class ConfigView:
     agents: dict[str, list[ConfirmationGate]]
     agent_redact: dict[str, tuple[str, ...]]
     redact: list[str]
+    guarded: dict[str, list[str]]
+    """Each switch a ``readonly_guard`` watches, with the agents whose guards watch it."""
 
 
 def config_view(config: SignoffConfig) -> ConfigView:
@@ -409,4 +425,14 @@ def config_view(config: SignoffConfig) -> ConfigView:
         agents={a: [h for h in c.hooks if isinstance(h, ConfirmationGate)] for a, c in config.agents.items()},
         agent_redact={a: c.redact for a, c in config.agents.items() if c.redact},
         redact=sorted(config.redact),
+        guarded=guarded_switches(config),
     )
+
+
+def guarded_switches(config: SignoffConfig) -> dict[str, list[str]]:
+    """Each switch a configured ``readonly_guard`` watches (by name), with the agents it guards."""
+    watched: dict[str, list[str]] = {}
+    for agent, cfg in sorted(config.agents.items()):
+        for switch in dict.fromkeys(h.switch for h in cfg.hooks if isinstance(h, ReadOnlyGuard)):
+            watched.setdefault(switch, []).append(agent)
+    return dict(sorted(watched.items()))

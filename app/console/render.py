@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from signoff.app.console import format as fmt
-from signoff.channels import MAX_REASON_CHARS
+from signoff.channels import MAX_REASON_CHARS, while_same
 
 __all__ = ["SECURITY_HEADERS", "STATIC_DIR", "page", "secured"]
 
@@ -45,6 +45,7 @@ _env.filters.update(
     compact_json=fmt.compact_json,
     summarize=fmt.summarize,
     duration=fmt.duration,
+    while_same=while_same,
 )
 _env.globals["MAX_REASON_CHARS"] = MAX_REASON_CHARS
 templates = Jinja2Templates(env=_env)

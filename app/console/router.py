@@ -401,34 +401,46 @@ async def verify_audit(request: Request, who: SignedInDep, session: ReadsDep) ->
 
 @router.get("/config")
 async def show_config(request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep) -> Response:
-    switches = await list_switches(session)
-    read_only = next((s for s in switches if s.name == READ_ONLY), None)
+    view = pages.config_view(runtime.config)
+    switches = {s.name: s for s in await list_switches(session)}
     replicas = await live_replicas(session, utcnow())
-    return page(
+    response = page(
         request,
         "config.html",
         {
             "who": who,
             "nav": "config",
-            "view": pages.config_view(runtime.config),
+            "view": view,
             "version": runtime.version,
             "loaded_at": runtime.loaded_at,
             "replicas": replicas,
             "replicas_differ": len({r.config_version for r in replicas} | {runtime.version}) > 1,
-            "read_only": read_only,
-            "switches": switches,
+            "switches": {name: switches.get(name) for name in view.guarded},
+            "flash": auth.read_flash(request),
         },
     )
+    auth.forget_flash(request, response)
+    return response
 
 
-@router.post("/switches/read_only")
-async def flip_read_only(
-    request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+@router.post("/switches/{name}")
+async def flip_switch(
+    name: str,
+    request: Request,
+    who: SignedInDep,
+    form: CheckedFormDep,
+    runtime: RuntimeDep,
+    session: SessionDep,
 ) -> Response:
-    """Turn the read-only switch on or off as the signed-in operator (audited)."""
+    """Turn a switch a ``readonly_guard`` watches on or off as the signed-in operator (audited)."""
+    if name not in pages.guarded_switches(runtime.config):
+        message = f"No readonly_guard watches a switch {name!r}: add one to an agent's hooks first."
+        context = {"who": who, "title": "No such switch", "message": message}
+        return page(request, "error.html", context, status_code=404)
     on = form.get("on") == "1"
     reason = without_unstorable(str(form.get("reason") or "")).strip()[:MAX_REASON_CHARS] or None
-    await set_switch(session, READ_ONLY, on=on, actor=Actor("web", who.operator, who.name), reason=reason)
+    await set_switch(session, name, on=on, actor=Actor("web", who.operator, who.name), reason=reason)
     response = _see_other("/ui/config")
-    auth.set_flash(response, request, Flash(True, f"Read-only mode is {'on' if on else 'off'}."))
+    mode = "Read-only mode" if name == READ_ONLY else f"The {name} switch"
+    auth.set_flash(response, request, Flash(True, f"{mode} is {'on' if on else 'off'}."))
     return response

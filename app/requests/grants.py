@@ -46,7 +46,7 @@ from signoff.app.db import core_row, emit
 from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
 from signoff.app.requests.canonical import canonical
 from signoff.app.requests.eligibility import GateSnapshot, Voter, gates_of, is_requester
-from signoff.channels import GrantChoice, Verdict, duration_text
+from signoff.channels import GrantChoice, Verdict, duration_text, while_same
 from signoff.hooks import HookContext
 
 __all__ = [
@@ -164,7 +164,7 @@ def describe(grant: Grant) -> str:
     """The grant as an allow's reason names it."""
     where = f"session {grant.session_id}" if grant.scope == "session" else f"agent {grant.agent_id}"
     until = grant.expires_at.strftime("%Y-%m-%d %H:%M:%S UTC")
-    same = f", while {', '.join(sorted(grant.same))} stay the same" if grant.same else ""
+    same = f", {while_same(sorted(grant.same))}" if grant.same else ""
     return f"allowed by grant {grant.id} from {grant.granted_by} (for {where}, until {until}{same})"
 
 

@@ -243,6 +243,21 @@ def test_grants_are_buttons_beside_approve_once_each_with_a_confirmation() -> No
         assert (click.request_id, click.verdict, click.grant) == ("req-1", Verdict.APPROVE, grant)
 
 
+@pytest.mark.parametrize(
+    ("same", "sentence"),
+    [
+        (("to",), "while to stays the same."),
+        (("to", "amount"), "while amount and to stay the same."),
+        (("c", "a", "b"), "while a, b and c stay the same."),
+    ],
+)
+def test_a_grant_names_the_fields_it_holds_equal_in_one_sentence(
+    same: tuple[str, ...], sentence: str
+) -> None:
+    explained = GrantChoice("agent", 60, same).explain("bot", "pay")
+    assert explained == f"For 1m, bot may run pay again without asking {sentence}"
+
+
 def test_grant_text_cannot_ping_and_an_oversized_grant_is_left_off() -> None:
     hostile = GrantChoice("session", 60, ("<!channel>", "x" * 100))
     huge = GrantChoice("agent", 60, tuple(f"{i:03d}" + "f" * 96 for i in range(20)))

@@ -1,24 +1,29 @@
 """The console in a real browser: Debian's Chromium driven by Playwright, against a real server.
 
-Set ``SIGNOFF_CONSOLE_SCREENSHOTS=docs`` to write the README's screenshots there.
+Set ``SIGNOFF_CONSOLE_SCREENSHOTS=docs`` to write the README's screenshots there, and
+``SIGNOFF_CONSOLE_PAGES=DIR`` to keep a screenshot of every page at phone and desktop widths.
 """
 
 from __future__ import annotations
 
+import base64
+import copy
 import os
 import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright, expect
 
+from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
-from tests.conftest import ADMIN_TOKEN, Server
-from tests.console.conftest import PASSWORDS, SESSION_SECRET, Agent
+from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server, free_port
+from tests.console.conftest import PASSWORDS, SESSION_SECRET, Agent, operators
 
 CHROMIUM = Path(os.environ.get("SIGNOFF_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -32,6 +37,8 @@ CHROMIUM_ARGS = [
     "--no-proxy-server",
 ]
 SCREENSHOTS = os.environ.get("SIGNOFF_CONSOLE_SCREENSHOTS")
+PAGES = os.environ.get("SIGNOFF_CONSOLE_PAGES")
+WIDTHS = {"phone": {"width": 390, "height": 844}, "desktop": {"width": 1366, "height": 900}}
 
 
 def need_chromium() -> None:
@@ -52,6 +59,42 @@ async def browser() -> AsyncIterator[Browser]:
             yield b
         finally:
             await b.close()
+
+
+@pytest.fixture
+def config(password_hashes: dict[str, str]) -> SignoffConfig:
+    """The default test config plus a gate that offers grants and edits, one in the console
+    alone, a read-only guard and a webhook nobody listens on (tried once)."""
+    body: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    body["agents"]["finance-bot"]["hooks"] += [
+        {
+            "type": "confirmation_gate",
+            "name": "transfers",
+            "tools": ["transfer_*"],
+            "channel": "chat",
+            "approvers": ["alice", "bob"],
+            "grants": [{"scope": "session", "for": "1h", "same": ["to"]}, {"scope": "agent", "for": "30m"}],
+            "editable": ["amount", "memo"],
+        },
+        {
+            "type": "confirmation_gate",
+            "name": "publishing",
+            "tools": ["publish_*"],
+            "channel": "web",
+            "approvers": ["alice"],
+        },
+        {"type": "readonly_guard", "tools": ["transfer_*", "wire_*"]},
+    ]
+    body["operators"] = operators(password_hashes)
+    body["webhooks"] = {
+        "audit-sink": {
+            "url": f"https://127.0.0.1:{free_port()}/in",
+            "secret": "whsec_" + base64.b64encode(bytes(range(32))).decode(),
+            "events": ["request.created"],
+            "max_attempts": 1,
+        }
+    }
+    return parse_config(body, source="console-browser.yaml")
 
 
 @pytest.fixture
@@ -233,3 +276,130 @@ async def test_an_expired_session_goes_back_to_sign_in(browser: Browser, short_s
     await expect(page.get_by_text("Your session has ended.")).to_be_visible()
     await page.goto(f"{short_server.url}/ui/audit")
     await expect(page).to_have_url(re.compile(r"/ui/login\?next=%2Fui%2Faudit"))
+
+
+async def width_contexts(browser: Browser) -> dict[str, BrowserContext]:
+    return {
+        "phone": await browser.new_context(viewport=WIDTHS["phone"], is_mobile=True, has_touch=True),
+        "desktop": await browser.new_context(viewport=WIDTHS["desktop"]),
+    }
+
+
+async def shoot(page: Page, name: str, tmp_path: Path) -> str | None:
+    """A full-page screenshot of ``page``; what is wrong with its layout, if anything."""
+    await page.wait_for_load_state("networkidle")
+    shot = tmp_path / f"{name}.png"
+    await page.screenshot(path=shot, full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if PAGES:
+        Path(PAGES).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(PAGES) / shot.name)
+    wide, room = await page.evaluate(
+        "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    return f"{name} scrolls sideways ({wide}px in {room}px)" if wide > room else None
+
+
+async def radios_sit_left_of_their_labels(page: Page) -> None:
+    choices = page.locator("fieldset.grants label.choice")
+    await expect(choices).to_have_count(3)
+    for i in range(3):
+        radio = await choices.nth(i).locator("input[type=radio]").bounding_box()
+        text = await choices.nth(i).locator("span").bounding_box()
+        assert radio is not None
+        assert text is not None
+        assert radio["x"] + radio["width"] <= text["x"], (i, radio, text)
+        first_line = text["y"] + 24
+        assert text["y"] <= radio["y"] + radio["height"] / 2 <= first_line, (i, radio, text)
+
+
+async def test_every_page_at_phone_and_desktop_widths(
+    browser: Browser, console_server: Server, agent: Agent, tmp_path: Path
+) -> None:
+    base = console_server.url
+    pay = await agent.ask(
+        arguments={"amount": 125000, "vendor": "ACME Ltd", "invoice": "INV-2291"}, user_id="carol"
+    )
+    transfer = await agent.ask(
+        "transfer_funds",
+        arguments={"to": "DE89 3704 0044 0532 0130 00", "amount": 480000, "memo": "Q4 supplier run"},
+        session_id="sess-42",
+    )
+    changed = await agent.ask(
+        "transfer_funds",
+        arguments={"to": "FR14 2004 1010 0505 0001 3M02 606", "amount": 52000, "memo": "rent"},
+    )
+    publish = await agent.ask("publish_post", arguments={"title": "Release notes 2.4", "draft": False})
+    wire = await agent.ask("wire_money", arguments={"amount": 990000, "iban": "GB33BUKB20201555555555"})
+    contexts = await width_contexts(browser)
+    pages = {width: await ctx.new_page() for width, ctx in contexts.items()}
+    problems = [Problems(p) for p in pages.values()]
+    wrong: list[str | None] = []
+
+    for width, page in pages.items():
+        await page.goto(f"{base}/ui/login")
+        wrong.append(await shoot(page, f"{width}-login", tmp_path))
+        await sign_in(page, base, "alice")
+        await expect(page.locator("tr[data-request-id]")).to_have_count(5)
+        row = page.locator(f'tr[data-request-id="{publish}"]')
+        await expect(row.locator('td[data-label="Channel"]')).to_have_text("web")
+        await expect(page.locator(f'tr[data-request-id="{pay}"] td[data-label="Channel"]')).to_have_text(
+            "chat"
+        )
+        wrong.append(await shoot(page, f"{width}-queue", tmp_path))
+
+        await page.goto(f"{base}/ui/requests/{pay}")
+        await expect(page.locator("#reason-help")).to_have_text(
+            "Recorded with your vote as Alice, shown to the agent and on the chat card."
+        )
+        wrong.append(await shoot(page, f"{width}-request-pending", tmp_path))
+        await page.goto(f"{base}/ui/requests/{publish}")
+        await expect(page.locator("#reason-help")).to_have_text(
+            "Recorded with your vote as Alice, shown to the agent."
+        )
+        await page.goto(f"{base}/ui/requests/{transfer}")
+        await radios_sit_left_of_their_labels(page)
+        wrong.append(await shoot(page, f"{width}-request-grants-and-edits", tmp_path))
+
+    # Decided: one transfer approved for the session, another with a changed amount, the wire rejected.
+    desk = pages["desktop"]
+    await desk.get_by_text("this session (1h)").click()
+    await expect(desk.get_by_role("radio", name=re.compile("this session"))).to_be_checked()
+    await desk.get_by_role("button", name="Approve").click()
+    await expect(desk.locator("h1 .badge")).to_have_text("approved")
+    await expect(desk.locator(".decide")).to_contain_text(
+        re.compile(
+            r"With a grant for this session until [\d-]+ [\d:]+ UTC, while to stays the same:\s+used 0 times"
+        )
+    )
+    await desk.goto(f"{base}/ui/requests/{changed}")
+    await desk.get_by_label("amount").fill("40000")
+    await desk.get_by_role("button", name="Approve").click()
+    await expect(desk.locator("h1 .badge")).to_have_text("approved")
+    await expect(desk.locator(".decide p").first).to_have_text(
+        re.compile(r"^approved by Alice via web\s+at [\d-]+ [\d:]+ UTC, with these changes:\s*$")
+    )
+    await desk.goto(f"{base}/ui/requests/{wire}")
+    await desk.get_by_label("Reason").fill("Not on the payment plan for this quarter")
+    await desk.get_by_role("button", name="Reject").click()
+    await expect(desk.locator("h1 .badge")).to_have_text("rejected")
+
+    for width, page in pages.items():
+        for name, path in [
+            ("request-approved-with-a-grant", f"/ui/requests/{transfer}"),
+            ("request-approved-with-changes", f"/ui/requests/{changed}"),
+            ("request-rejected", f"/ui/requests/{wire}"),
+            ("history", "/ui/history"),
+            ("grants", "/ui/grants"),
+            ("webhooks", "/ui/webhooks"),
+            ("audit", "/ui/audit"),
+            ("audit-verify", "/ui/audit/verify"),
+            ("config", "/ui/config"),
+            ("no-such-request", "/ui/requests/no-such-request"),
+        ]:
+            await page.goto(base + path)
+            wrong.append(await shoot(page, f"{width}-{name}", tmp_path))
+
+    assert [p.seen for p in problems] == [[], []]
+    for ctx in contexts.values():
+        await ctx.close()

@@ -24,7 +24,8 @@ from tests.console.test_console_http import _as, events_of, status_of
 def config(password_hashes: dict[str, str]) -> SignoffConfig:
     """The default test config plus two gates on ``deploy_*``: ``deploy`` in the chat (Alice
     and Bob, two approvals, self-approval allowed) and, for calls that name a cost,
-    ``finance`` in the console (Carol, one approval, a reason to reject)."""
+    ``finance`` in the console (Carol, one approval, a reason to reject); and ``publish_*``
+    in the console alone (Alice)."""
     body: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
     body["agents"]["finance-bot"]["hooks"] += [
         {
@@ -46,6 +47,13 @@ def config(password_hashes: dict[str, str]) -> SignoffConfig:
             "approvers": ["carol"],
             "timeout": "10m",
             "require_reject_reason": True,
+        },
+        {
+            "type": "confirmation_gate",
+            "name": "publish",
+            "tools": ["publish_*"],
+            "channel": "web",
+            "approvers": ["alice"],
         },
     ]
     body["operators"] = operators(password_hashes)
@@ -86,6 +94,31 @@ def queue_version(page: str) -> str:
     m = re.search(r'hx-get="/ui/queue/rows\?v=([0-9a-f]+)"', page)
     assert m is not None
     return m.group(1)
+
+
+async def test_the_queue_names_each_request_s_channels_and_only_a_chat_card_shows_the_reason(
+    alice: Console, agent: Agent
+) -> None:
+    both = await agent.ask("deploy_api", arguments={"service": "api", "cost": 1200})
+    chat = await agent.ask("deploy_api", arguments={"service": "api"})
+    web = await agent.ask("publish_post", arguments={"title": "x"})
+    queue = (await alice.get("/ui/")).text
+    assert '<th scope="col">Channel</th>' in queue
+    channels = {
+        rid: re.search(r'<td data-label="Channel">(.*?)</td>', queue_row(queue, rid))
+        for rid in (both, chat, web)
+    }
+    assert {rid: m.group(1) if m else None for rid, m in channels.items()} == {
+        both: "chat · web",
+        chat: "chat",
+        web: "web",
+    }
+    hint = "shown to the agent and on the chat card."
+    assert hint in (await alice.get(f"/ui/requests/{both}")).text
+    assert hint in (await alice.get(f"/ui/requests/{chat}")).text
+    page = (await alice.get(f"/ui/requests/{web}")).text
+    assert "chat card" not in page
+    assert "Recorded with your vote as Alice, shown to the agent." in page
 
 
 async def test_each_gate_is_shown_with_its_own_progress(

@@ -908,24 +908,3 @@ async def test_cookies_are_secure_over_https(runtime: Runtime) -> None:
         cookie = r.headers["set-cookie"]
         assert "Secure" in cookie
         assert "HttpOnly" in cookie
-
-
-async def test_the_read_only_switch_is_shown_and_flipped_from_the_console(
-    alice: Console, runtime: Runtime
-) -> None:
-    page = await alice.get("/ui/config")
-    assert "It is <strong>off</strong>" in page.text
-    refused = await alice.client.post("/ui/switches/read_only", data={"on": "1"})
-    assert refused.status_code == 403  # no CSRF token
-    on = await alice.client.post(
-        "/ui/switches/read_only", data={"on": "1", "reason": "incident 7", "csrf_token": csrf_of(page.text)}
-    )
-    assert on.status_code == 303
-    after = await alice.get("/ui/config")
-    assert "It is <strong>on</strong>" in after.text
-    assert "incident 7" in after.text
-    async with runtime.sessions() as s:
-        changes = (await s.exec(select(AuditEvent).where(col(AuditEvent.action) == "switch_changed"))).all()
-    assert [(e.detail["on"], e.actor_id, e.detail["reason"]) for e in changes] == [
-        (True, "alice", "incident 7")
-    ]
