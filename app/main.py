@@ -16,6 +16,7 @@ import httpx
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -264,7 +265,8 @@ def create_app(
             if runtime is None:
                 await rt.aclose()
 
-    app = FastAPI(
+    # /docs and /redoc load their scripts from the package, not a CDN: they work offline.
+    app = FastAPIOffline(
         title="Signoff",
         summary="Human approval for AI agents' tool calls",
         version=version(),
