@@ -208,6 +208,15 @@ def create_app(
                 next_run_time=datetime.now(UTC),
             )
             scheduler.add_job(
+                _job,
+                "interval",
+                args=[rt.observe_decisions],
+                seconds=settings.cross_process_poll_seconds,
+                max_instances=1,
+                coalesce=True,
+                id="decisions-elsewhere",
+            )
+            scheduler.add_job(
                 rt.refusals.flush,
                 "interval",
                 seconds=refusals.WINDOW_SECONDS,
