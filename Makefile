@@ -7,24 +7,39 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DIST ?= dist
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hooks/pyproject.toml | cksum | cut -d' ' -f1)
+SUM := $(shell cat pyproject.toml hooks/pyproject.toml | cksum | cut -d' ' -f1)
+RUN_STAMP := $(VENV)/.installed-run-$(SUM)
+STAMP := $(VENV)/.installed-dev-$(SUM)
 
 export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff_test
 MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install run test lint typecheck migrations-check pytest postgres chromium bench dist clean
+.PHONY: install install-run run test lint typecheck migrations-check pytest postgres chromium bench dist clean
 
 install: $(STAMP)
 
+# What running needs: the server and its channels' extras (`make run`).
+install-run: $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml hooks/pyproject.toml
+	@if [ ! -f $(STAMP) ]; then \
+		echo "==> installing Signoff into $(VENV)"; \
+		test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+		$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1" && \
+		$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email]"; \
+	fi
+	@rm -f $(VENV)/.installed-run-* && touch $@
+
+# Everything: the server and the development tools (`make test`).
 $(STAMP): pyproject.toml hooks/pyproject.toml
 	@echo "==> installing Signoff and its development tools into $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
 	@$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email]" --group dev
-	@rm -f $(VENV)/.installed-* && touch $@
+	@rm -f $(VENV)/.installed-* && touch $@ $(RUN_STAMP)
 
-run: install
+run: install-run
 	@test -s .signoff-admin-token || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > .signoff-admin-token
 	@echo "==> Signoff on http://127.0.0.1:8000 (SQLite: ./signoff.db, config: examples/signoff.yaml)"
 	@echo "    operator API token: $$(cat .signoff-admin-token)   (export SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token))"

@@ -207,6 +207,7 @@ def serve(
     """Apply the migrations, then serve the API."""
     import uvicorn
 
+    from signoff.app import serverlock
     from signoff.app.drain import Server
     from signoff.app.logs import configure_logging
     from signoff.app.main import create_app
@@ -219,6 +220,10 @@ def serve(
         if problem is not None:
             raise CliError(problem, 2)
     configure_logging(settings.log_format, settings.log_level)
+    try:
+        serverlock.hold(settings.database_url)  # one SQLite file, one server
+    except serverlock.ServerLockHeld as exc:
+        raise CliError(str(exc)) from None
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
             migrate(settings.database_url)
@@ -270,6 +275,21 @@ def db_downgrade(
     with _database(settings):
         left = downgrade(settings.database_url, revision)
     typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
+
+
+@db_app.command("backup")
+def db_backup(path: Annotated[Path, typer.Argument(help="The file to write (it must not exist).")]) -> None:
+    """Copy the SQLite database to PATH, consistent while the server writes; on PostgreSQL,
+    print the pg_dump line to run."""
+    from signoff.app.backup import BackupError, backup
+
+    try:
+        done = backup(_settings().database_url, path)
+    except BackupError as exc:
+        raise CliError(str(exc)) from None
+    typer.echo(done.output)
+    if done.note:
+        typer.echo(done.note, err=True)
 
 
 @config_app.command("check")

@@ -16,6 +16,7 @@ import httpx
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -207,6 +208,15 @@ def create_app(
                 next_run_time=datetime.now(UTC),
             )
             scheduler.add_job(
+                _job,
+                "interval",
+                args=[rt.observe_decisions],
+                seconds=settings.cross_process_poll_seconds,
+                max_instances=1,
+                coalesce=True,
+                id="decisions-elsewhere",
+            )
+            scheduler.add_job(
                 rt.refusals.flush,
                 "interval",
                 seconds=refusals.WINDOW_SECONDS,
@@ -264,7 +274,8 @@ def create_app(
             if runtime is None:
                 await rt.aclose()
 
-    app = FastAPI(
+    # /docs and /redoc load their scripts from the package, not a CDN: they work offline.
+    app = FastAPIOffline(
         title="Signoff",
         summary="Human approval for AI agents' tool calls",
         version=version(),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
@@ -23,6 +25,7 @@ __all__ = [
     "WAITERS",
     "WEBHOOK_DELIVERIES",
     "WEBHOOK_FAILED",
+    "observe_decision",
     "reason_label",
 ]
 
@@ -106,3 +109,22 @@ _NUMBERS = re.compile(r"\d+")
 def reason_label(reason: str) -> str:
     """A bounded label from a free-text reason (numbers folded, length capped)."""
     return _NUMBERS.sub("N", reason)[:60]
+
+
+_COUNTED: OrderedDict[str, None] = OrderedDict()
+"""The requests whose decision this process has counted, newest last (bounded)."""
+_REMEMBERED = 100_000
+
+
+def observe_decision(request_id: str, status: str, created_at: datetime, decided_at: datetime) -> bool:
+    """Count a request's decision (``signoff_decisions_total``, ``signoff_decision_seconds``)
+    once, however many times this process hears of it (its own commit, then the read of
+    recent decisions that finds decisions made by other processes). True if it counted."""
+    if request_id in _COUNTED:
+        return False
+    _COUNTED[request_id] = None
+    if len(_COUNTED) > _REMEMBERED:
+        _COUNTED.popitem(last=False)
+    DECISIONS.labels(status).inc()
+    DECISION_SECONDS.labels(status).observe(max(0.0, (decided_at - created_at).total_seconds()))
+    return True

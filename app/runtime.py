@@ -6,10 +6,11 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -19,9 +20,10 @@ from signoff.app.channel_types import build_channel, needs_links
 from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import Wakeups, create_engine, is_sqlite, log_failure, sessionmaker, transaction
 from signoff.app.keys import AgentKeys
-from signoff.app.models import ConfirmationRequest, utcnow
+from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.app.readiness import Readiness
 from signoff.app.refusals import Refusals
+from signoff.app.requests import activity
 from signoff.app.requests.clicks import ClickService
 from signoff.app.requests.intake import Intake
 from signoff.app.settings import Settings
@@ -33,6 +35,21 @@ from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, Session
 __all__ = ["Reload", "Runtime", "link_signer", "missing_link_settings"]
 
 log = logging.getLogger("signoff")
+
+
+_R = ConfirmationRequest
+_DECIDED_SINCE = sa.select(
+    col(_R.id),
+    col(_R.status),
+    col(_R.created_at),
+    col(_R.decided_at),
+    col(_R.agent_id),
+    col(_R.tool_name),
+    col(_R.gate),
+    col(_R.gates),
+    col(_R.decided_by_name),
+    col(_R.decided_by_user_id),
+).where(col(_R.decided_at) >= sa.bindparam("since"))
 
 
 def _registries(config: SignoffConfig) -> dict[str, HookRegistry]:
@@ -143,6 +160,8 @@ class Runtime:
     """The loaded configuration's :func:`config_version`."""
     loaded_at: datetime = field(default_factory=utcnow)
     reload_failures: int = 0
+    decisions_since: datetime | None = None
+    """Where :meth:`observe_decisions` reads from next (None: the start of this process)."""
     started_channels: bool = False
     """Whether channels' own connections (Socket Mode, long connection) are running."""
     replica: str = field(default_factory=replicas.replica_id)
@@ -320,6 +339,39 @@ class Runtime:
                 )
             )
             return [(r[0], r[1]) for r in rows.all()]
+
+    async def observe_decisions(self, overlap: float = 5.0) -> None:
+        """Count and log the decisions other processes committed (the command line's, other
+        replicas', their expiries): those committed since the last run, less ``overlap`` for
+        commit lag; this process's own were counted at their commit and are not counted twice."""
+        started = utcnow()
+        since = (self.decisions_since or self.loaded_at) - timedelta(seconds=overlap)
+        try:
+            async with self.reads() as session:
+                # (sqlmodel's exec is typed for selects of up to four columns)
+                rows = (await session.exec(_DECIDED_SINCE, params={"since": since})).all()  # type: ignore[call-overload]
+        except Exception:
+            log_failure(log, "could not read the decisions made elsewhere")
+            return
+        self.decisions_since = started
+        for rid, status, created, decided, agent, tool, gate, gates, name, user in rows:
+            if decided is None or not metrics.observe_decision(rid, str(status), created, decided):
+                continue
+            activity.log.info(
+                "%s",
+                activity.line(
+                    "request expired" if status == Status.EXPIRED else "request decided",
+                    rid,
+                    {
+                        "agent": agent,
+                        "tool": tool,
+                        "gate": activity.gate_names(gate, gates),
+                        "who": name or user,
+                        "verdict": str(status),
+                        "by": "another process",
+                    },
+                ),
+            )
 
     async def aclose(self, extra: Iterable[Channel] = ()) -> None:
         for ch in [*self.channels.values(), *extra]:

@@ -37,6 +37,7 @@ from signoff.app.deliveries import owed_delivery, queue_deliveries
 from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.redaction import redact
 from signoff.app.requests import grants
+from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.canonical import call_digest
 from signoff.app.requests.eligibility import EscalationStep, GateSnapshot
 from signoff.app.requests.kernel import idempotency_key
@@ -107,6 +108,12 @@ async def write_new_requests(
         [owed_delivery(n.id, ch, "post", n.row["created_at"]) for n in new for ch in n.cards]
         + [row for n in new for row in n.later],
     )
+    for n in new:
+        row = n.row
+        gate = gate_names(row.get("gate"), row.get("gates"))
+        log_after_commit(
+            session, "request created", n.id, agent=row["agent_id"], tool=row["tool_name"], gate=gate
+        )
     if new:
         created = max(n.row["created_at"] for n in new)
         emit(session, REQUEST_CREATED, [n.id for n in new], now=created)

@@ -24,9 +24,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.config import REQUEST_DECIDED
-from signoff.app.db import dialect_of, emit, wake_after_commit
+from signoff.app.db import dialect_of, emit, on_commit, wake_after_commit
 from signoff.app.deliveries import owed_delivery, queue_deliveries  # also offered from here
-from signoff.app.metrics import DECISION_SECONDS, DECISIONS
+from signoff.app.metrics import observe_decision
 from signoff.app.models import (
     ConfirmationRequest,
     Delivery,
@@ -36,6 +36,7 @@ from signoff.app.models import (
     from_row,
     utcnow,
 )
+from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.edits import approved_changes
 from signoff.app.requests.eligibility import asked, gates_of
 from signoff.channels import duration_text
@@ -116,9 +117,24 @@ async def get_request(
     return (await session.exec(stmt, params={"request_id": request_id})).one_or_none()
 
 
-def _observe(status: Status, now: datetime, created_at: datetime) -> None:
-    DECISIONS.labels(status.value).inc()
-    DECISION_SECONDS.labels(status.value).observe(max(0.0, (now - created_at).total_seconds()))
+def _observe(
+    session: AsyncSession,
+    request_id: str,
+    status: Status,
+    now: datetime,
+    created_at: datetime,
+    *,
+    agent: str,
+    tool: str,
+    gate: str | None,
+    who: str | None,
+) -> None:
+    """Once the transaction commits: count the decision, and log it."""
+    on_commit(session, functools.partial(observe_decision, request_id, status.value, created_at, now))
+    event = "request expired" if status is Status.EXPIRED else "request decided"
+    log_after_commit(
+        session, event, request_id, agent=agent, tool=tool, gate=gate, who=who, verdict=status.value
+    )
 
 
 async def _mark_decided(
@@ -185,7 +201,7 @@ def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
         sa.update(_REQUESTS)
         .where(r.id == sa.bindparam("request_id"), r.status.in_(_sources(target)))
         .values(status=target.value, **{c: sa.bindparam(f"new_{c}") for c in DECIDED_COLUMNS})
-        .returning(r.created_at)
+        .returning(r.created_at, r.agent_id, r.tool_name, r.gate, r.gates)
     )
     return stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, r.id)) if notify else stmt
 
@@ -216,7 +232,17 @@ async def transition(
     if row is None:
         await audit.append_many(session, along)
         return False
-    _observe(target, now, row[0])
+    _observe(
+        session,
+        request_id,
+        target,
+        now,
+        row[0],
+        agent=row[1],
+        tool=row[2],
+        gate=gate_names(row[3], row[4]),
+        who=actor.name or actor.id,
+    )
     await queue_updates(session, request_id)
     await _mark_decided(session, [request_id], now, notified=postgres)
     # The audit events last: on PostgreSQL the head row stays locked until commit.
@@ -267,14 +293,31 @@ async def expire_overdue(
             )
             .values(status=Status.EXPIRED.value, **decided_columns(EXPIRY, EXPIRED_REASON, now))
             .returning(
-                col(c.id), col(c.created_at), col(c.expires_at), col(c.gate), col(c.gates), col(c.channel)
+                col(c.id),
+                col(c.created_at),
+                col(c.expires_at),
+                col(c.gate),
+                col(c.gates),
+                col(c.channel),
+                col(c.agent_id),
+                col(c.tool_name),
             )
             .execution_options(synchronize_session=False)
         )
     ).all()
     reasons: dict[str, str] = {}
     for r in rows:
-        _observe(Status.EXPIRED, now, r[1])
+        _observe(
+            session,
+            str(r[0]),
+            Status.EXPIRED,
+            now,
+            r[1],
+            agent=r[6],
+            tool=r[7],
+            gate=gate_names(r[3], r[4]),
+            who=EXPIRY.id,
+        )
         shape = {"created_at": r[1], "expires_at": r[2], "gate": r[3], "gates": r[4], "channel": r[5]}
         reasons[str(r[0])] = expiry_reason(from_row(ConfirmationRequest, shape))
     expired = sorted(reasons)

@@ -21,6 +21,7 @@ from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row, insert_unless_taken
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.requests import edits, grants
+from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.requests.states import expire, get_request, queue_updates, settle, transition
 from signoff.channels import GrantChoice, Verdict, changes_text, edit_problem
@@ -168,6 +169,16 @@ async def apply_vote(
     if not counted:
         return await refuse("You have already voted on this request.")
     names = [gates[i].name for i in counted]
+    log_after_commit(
+        session,
+        "vote",
+        request_id,
+        agent=req.agent_id,
+        tool=req.tool_name,
+        gate=",".join(names),
+        who=voter.name or voter.key,
+        verdict=verdict.value,
+    )
     voted = [audit.Entry(audit.Action.VOTE, voter.actor, request_id, {**detail, "gates": names})]
 
     decided_by = voter.actor
@@ -265,6 +276,17 @@ def _vote_detail(
 async def _audit_refusal(
     session: AsyncSession, req: ConfirmationRequest, voter: Voter, detail: dict[str, Any], why: str
 ) -> None:
+    log_after_commit(
+        session,
+        "vote refused",
+        req.id,
+        agent=req.agent_id,
+        tool=req.tool_name,
+        gate=gate_names(req.gate, req.gates),
+        who=voter.name or voter.key,
+        verdict=detail.get("verdict"),
+        why=why,
+    )
     await audit.append(
         session,
         audit.Action.VOTE_REFUSED,
