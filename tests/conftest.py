@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx._transports.default
 import pytest
 import sqlalchemy as sa
 import uvicorn
@@ -200,6 +203,31 @@ def _truncate(url: str) -> None:
     asyncio.run(run())
 
 
+@functools.cache
+def _default_tls(trust_env: bool, cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    return _create_ssl_context(True, None, trust_env)
+
+
+_create_ssl_context = httpx._transports.default.create_ssl_context
+
+
+def _shared_tls(verify: Any = True, cert: Any = None, trust_env: bool = True) -> ssl.SSLContext:
+    if verify is True and cert is None:
+        env = os.environ if trust_env else {}
+        return _default_tls(trust_env, env.get("SSL_CERT_FILE"), env.get("SSL_CERT_DIR"))
+    return _create_ssl_context(verify, cert, trust_env)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_default_tls_context() -> Iterator[None]:
+    """Every httpx client made with the default ``verify=True`` shares one TLS context, as
+    clients in one process may: building one reads certifi's bundle (0.3 s on a busy machine),
+    and the suite makes thousands of clients. Verification is unchanged."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(httpx._transports.default, "create_ssl_context", _shared_tls)
+        yield
+
+
 @pytest.fixture
 def config() -> SignoffConfig:
     return parse_config(DEFAULT_CONFIG, source="test.yaml")
@@ -230,6 +258,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn that stops at once: no 0.1 s tick to notice ``should_exit``, no grace period for
+    connections or requests still open (a test closes its clients first, and what a stop does
+    to requests in flight is tested on ``signoff serve`` processes). The app's lifespan still
+    shuts down."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.stop = asyncio.Event()
+
+    async def main_loop(self) -> None:
+        await self.on_tick(0)  # the default headers
+        await self.stop.wait()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for listener in self.servers:
+            listener.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        for task in self.server_state.tasks:
+            task.cancel()
+        await self.lifespan.shutdown()
+
+
 class Server:
     """The app under uvicorn on a loopback port, in the test's event loop."""
 
@@ -238,15 +290,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = app = create_app(runtime, background=background)
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host="127.0.0.1",
-                port=self.port,
-                log_level="warning",
-                lifespan="on",
-                timeout_graceful_shutdown=1,
-            )
+        self._server = _Uvicorn(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -260,6 +305,7 @@ class Server:
 
     async def __aexit__(self, *exc: object) -> None:
         self._server.should_exit = True
+        self._server.stop.set()
         if self._task is not None:
             await self._task
 

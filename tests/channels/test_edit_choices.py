@@ -20,10 +20,10 @@ from signoff.app.config import parse_config
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.slack import ACTION_EDIT, EDIT_ACTION_ID, EDIT_MODAL_CALLBACK_ID
-from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack, Scripted
+from tests.channels.fake_slack import FakeSlack, Scripted
 from tests.channels.feishu_fake import MESSAGES_PATH, FakeFeishu, validate_card
 from tests.channels.feishu_support import CHAT, card_action, make_channel, signed_encrypted, walk
-from tests.channels.slack_support import SECRET, button_payload, fixture, form_body, signed
+from tests.channels.slack_support import button_payload, fixture, form_body, signed
 from tests.conftest import DEFAULT_CONFIG, Server
 from tests.waiting import eventually
 
@@ -63,28 +63,8 @@ def _config(channel: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def slack_server(
-    fake_slack: FakeSlack, settings: Settings
-) -> AsyncIterator[tuple[Server, httpx.AsyncClient]]:
-    raw = _config(SLACK)
-    raw["channels"][SLACK] = {
-        "type": "slack",
-        "bot_token": BOT_TOKEN,
-        "signing_secret": SECRET,
-        "channel": CHANNEL,
-        "base_url": fake_slack.base_url,
-    }
-    for person in ("alice", "bob", "carol"):
-        raw["people"][person]["slack"] = f"W0{person.upper()}"
-    runtime = Runtime.create(settings, parse_config(raw))
-    try:
-        async with (
-            Server(runtime, background=True) as server,
-            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
-        ):
-            yield server, http
-    finally:
-        await runtime.aclose()
+def slack_gates() -> dict[str, Any]:
+    return _config(SLACK)
 
 
 @pytest.fixture

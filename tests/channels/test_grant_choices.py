@@ -20,10 +20,10 @@ from signoff.app.models import AuditEvent, Grant
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.slack import ACTION_APPROVE
-from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
+from tests.channels.fake_slack import FakeSlack
 from tests.channels.feishu_fake import MESSAGES_PATH, FakeFeishu, validate_card
 from tests.channels.feishu_support import CHAT, buttons, card_action, make_channel, signed_encrypted
-from tests.channels.slack_support import SECRET, button_payload, form_body, signed
+from tests.channels.slack_support import button_payload, form_body, signed
 from tests.conftest import DEFAULT_CONFIG, Server
 from tests.waiting import eventually
 
@@ -50,29 +50,8 @@ def _config(channel: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def slack_server(
-    fake_slack: FakeSlack, settings: Settings
-) -> AsyncIterator[tuple[Server, httpx.AsyncClient]]:
-    raw = _config(SLACK)
-    raw["channels"][SLACK] = {
-        "type": "slack",
-        "bot_token": BOT_TOKEN,
-        "signing_secret": SECRET,
-        "channel": CHANNEL,
-        "base_url": fake_slack.base_url,
-    }
-    raw["people"]["alice"]["slack"] = "W0ALICE"
-    raw["people"]["bob"]["slack"] = "W0BOB"
-    raw["people"]["carol"]["slack"] = "W0CAROL"
-    runtime = Runtime.create(settings, parse_config(raw))
-    try:
-        async with (
-            Server(runtime, background=True) as server,
-            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
-        ):
-            yield server, http
-    finally:
-        await runtime.aclose()
+def slack_gates() -> dict[str, Any]:
+    return _config(SLACK)
 
 
 @pytest.fixture

@@ -6,22 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from sqlmodel import col, select
 
-from signoff.app.config import parse_config
 from signoff.app.models import AuditEvent, Vote
 from signoff.app.requests.eligibility import NOT_HERE
-from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from signoff.channels.slack import ACTION_APPROVE, ACTION_REJECT
-from tests.channels.fake_slack import BOT_TOKEN, CHANNEL, FakeSlack
+from tests.channels.fake_slack import CHANNEL, FakeSlack
 from tests.channels.slack_support import (
-    SECRET,
     button_payload,
     fixture,
     form_body,
@@ -37,20 +33,8 @@ PUBLIC = "https://signoff.example.com"
 
 
 @pytest.fixture
-async def slack_server(
-    fake_slack: FakeSlack, settings: Settings
-) -> AsyncIterator[tuple[Server, httpx.AsyncClient]]:
+def slack_gates() -> dict[str, Any]:
     raw: dict[str, Any] = json.loads(json.dumps(DEFAULT_CONFIG))
-    raw["channels"][NAME] = {
-        "type": "slack",
-        "bot_token": BOT_TOKEN,
-        "signing_secret": SECRET,
-        "channel": CHANNEL,
-        "base_url": fake_slack.base_url,
-    }
-    raw["people"]["alice"]["slack"] = "W0ALICE"
-    raw["people"]["bob"]["slack"] = "W0BOB"
-    raw["people"]["carol"]["slack"] = "W0CAROL"
     raw["people"]["dana"] = {"name": "Dana", "email": "dana@example.com", "slack": "U0DANA"}
     raw["agents"]["finance-bot"]["hooks"] += [
         {
@@ -64,15 +48,12 @@ async def slack_server(
     ]
     for hook in raw["agents"]["finance-bot"]["hooks"]:
         hook["channel"] = NAME
-    runtime = Runtime.create(settings.model_copy(update={"public_url": PUBLIC}), parse_config(raw))
-    try:
-        async with (
-            Server(runtime, background=True) as server,
-            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
-        ):
-            yield server, http
-    finally:
-        await runtime.aclose()
+    return raw
+
+
+@pytest.fixture
+def slack_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"public_url": PUBLIC})
 
 
 def click(action: str, request_id: str, user: str) -> tuple[bytes, dict[str, str]]:

@@ -1,4 +1,5 @@
-"""Fixtures for the console: operators with real argon2 hashes, a signed-in HTTP client."""
+"""Fixtures for the console: operators with real argon2 hashes (cheap ones), a signed-in HTTP
+client."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from argon2 import PasswordHasher
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from signoff.app.audit import Actor
 from signoff.app.channel_types import CHANNEL_TYPES, ChannelType
 from signoff.app.config import SignoffConfig, parse_config
-from signoff.app.console.passwords import hash_password
 from signoff.app.db import transaction
 from signoff.app.keys import create_key
 from signoff.app.runtime import Runtime
@@ -44,9 +45,15 @@ class VaultConfig(BaseModel):
     region: str = "eu"
 
 
+CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
+"""argon2id at its smallest cost: a hash carries its parameters, so the server verifies these
+in microseconds instead of the default's ~50 ms a sign-in (tests/console/test_auth.py checks
+the default parameters themselves)."""
+
+
 @pytest.fixture(scope="session")
 def password_hashes() -> dict[str, str]:
-    return {name: hash_password(pw) for name, pw in PASSWORDS.items()}
+    return {name: CHEAP.hash(pw) for name, pw in PASSWORDS.items()}
 
 
 @pytest.fixture
