@@ -21,13 +21,15 @@ from signoff.app.config import ConfigError, SignoffConfig, load_config
 from signoff.app.db import Wakeups, create_engine, is_sqlite, log_failure, sessionmaker, transaction
 from signoff.app.keys import AgentKeys
 from signoff.app.models import ConfirmationRequest, Status, utcnow
+from signoff.app.queries import request_outs_by_id
 from signoff.app.readiness import Readiness
 from signoff.app.refusals import Refusals
 from signoff.app.requests import activity
 from signoff.app.requests.clicks import ClickService
 from signoff.app.requests.intake import Intake
+from signoff.app.schemas import RequestOut
 from signoff.app.settings import Settings
-from signoff.app.waiters import Hub
+from signoff.app.waiters import Coalesced, Hub
 from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel
 from signoff.channels.email import LinkSigner
 from signoff.hooks import HookRegistry, PostToolUseHook, PreToolUseHook, SessionStartHook
@@ -150,6 +152,8 @@ class Runtime:
     """Writes new requests, several calls per transaction when they arrive together."""
     clicks: ClickService = field(init=False)
     """Applies clicks from every channel under the current configuration."""
+    current: Coalesced[RequestOut] = field(init=False)
+    """Requests as the API shows them, read for many waiters at once in one query."""
     keys: AgentKeys = field(init=False)
     """The agent keys this process has found live, remembered for a moment."""
     refusals: Refusals = field(init=False)
@@ -173,6 +177,7 @@ class Runtime:
         self.intake = Intake(self.sessions)
         self.clicks = self._click_service()
         self.keys = AgentKeys(self.reads)
+        self.current = Coalesced(self._request_outs)
         self.refusals = Refusals(self.sessions)
         self.readiness = Readiness(self.engine, self.reads.kw["bind"], self.settings.database_url)
         self.version = self.version or self.config.version
@@ -330,6 +335,10 @@ class Runtime:
             channels=self.channels,
             public_url=self.settings.public_url,
         )
+
+    async def _request_outs(self, ids: list[str]) -> dict[str, RequestOut]:
+        async with self.reads() as session:
+            return await request_outs_by_id(session, ids)
 
     async def recently_decided(self, since: Any) -> list[tuple[str, Any]]:
         async with self.reads() as session:

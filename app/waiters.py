@@ -4,6 +4,10 @@ In-process: a commit that decided requests calls :meth:`Hub.notify` (the runtime
 sessions wake it, see :class:`signoff.app.db.Wakeups`).
 Across processes: while anyone waits, one poller per process reads the ids
 decided recently (one query, however many waiters) and wakes their waiters.
+
+A waiter holds no database connection while parked, and reads its request through
+:class:`Coalesced`: the waiters that read at once (thousands arriving, or woken by a burst
+of decisions) share one query instead of each queueing on the connection pool.
 """
 
 from __future__ import annotations
@@ -11,15 +15,80 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from itertools import islice
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Draining", "Hub", "listen_for_decisions"]
+__all__ = ["Coalesced", "Draining", "Hub", "listen_for_decisions"]
 
 log = logging.getLogger("signoff.waiters")
 
 RecentlyDecided = Callable[[datetime], Coroutine[Any, Any, list[tuple[str, datetime]]]]
+
+
+V = TypeVar("V")
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    # A read whose callers all left still failed: nobody is owed its exception.
+    if not fut.cancelled():
+        fut.exception()
+
+
+class Coalesced(Generic[V]):
+    """Reads by id, many callers at a time in one query.
+
+    Callers asking for the same id before its read starts share one future; the ids asked
+    for while a read runs go into the next one (so a read started before a commit is never
+    the answer of a caller that asked after it). One read runs at a time, of at most
+    ``batch`` ids: however many callers, they hold at most one connection.
+    """
+
+    def __init__(
+        self, read_many: Callable[[list[str]], Awaitable[Mapping[str, V]]], batch: int = 500
+    ) -> None:
+        self._read_many = read_many
+        self._batch = batch
+        self._queued: dict[str, asyncio.Future[V | None]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def get(self, key: str) -> V | None:
+        """The value read for ``key`` (None: no such row), read after this call began."""
+        fut = self._queued.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(_retrieved)
+            self._queued[key] = fut
+            if self._reader is None:
+                self._reader = asyncio.create_task(self._drain())
+        # A caller that is cancelled (its client left) does not cancel the others' read.
+        return await asyncio.shield(fut)
+
+    async def _drain(self) -> None:
+        batch: dict[str, asyncio.Future[V | None]] = {}
+        try:
+            while self._queued:
+                batch = dict(islice(self._queued.items(), self._batch))
+                for key in batch:
+                    del self._queued[key]
+                try:
+                    found = await self._read_many(list(batch))
+                except Exception as exc:
+                    for fut in batch.values():
+                        if not fut.done():
+                            fut.set_exception(exc)
+                else:
+                    for key, fut in batch.items():
+                        if not fut.done():
+                            fut.set_result(found.get(key))
+        except BaseException:  # cancelled (the server is stopping): nobody gets an answer
+            for fut in [*batch.values(), *self._queued.values()]:
+                fut.cancel()
+            self._queued.clear()
+            raise
+        finally:
+            self._reader = None
 
 
 class Draining(Exception):

@@ -32,7 +32,6 @@ from signoff.app.deps import (
 )
 from signoff.app.metrics import GATE_CALLS
 from signoff.app.models import ConfirmationRequest, Status
-from signoff.app.queries import request_out
 from signoff.app.requests.gate import CutShort, GateService
 from signoff.app.requests.kernel import idempotency_key
 from signoff.app.requests.single_use import record_executed
@@ -390,11 +389,10 @@ def _plausible_id(request_id: str) -> bool:
 async def _own(runtime: Runtime, agent: str, request_id: str) -> RequestOut:
     if not _plausible_id(request_id):
         raise _no_such_request(agent, request_id)
-    async with runtime.reads() as session:
-        req = await get_request(session, request_id)
-        if req is None or req.agent_id != agent:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r} for agent {agent!r}")
-        return await request_out(session, req)
+    current = await runtime.current.get(request_id)
+    if current is None or current.agent_id != agent:
+        raise _no_such_request(agent, request_id)
+    return current
 
 
 @router.get("/requests/{request_id}", response_model=RequestOut, responses=ERRORS)
