@@ -267,7 +267,13 @@ async def expire_overdue(
             )
             .values(status=Status.EXPIRED.value, **decided_columns(EXPIRY, EXPIRED_REASON, now))
             .returning(
-                col(c.id), col(c.created_at), col(c.expires_at), col(c.gate), col(c.gates), col(c.channel)
+                col(c.id),
+                col(c.created_at),
+                col(c.expires_at),
+                col(c.gate),
+                col(c.gates),
+                col(c.channel),
+                col(c.config_version),
             )
             .execution_options(synchronize_session=False)
         )
@@ -275,7 +281,14 @@ async def expire_overdue(
     reasons: dict[str, str] = {}
     for r in rows:
         _observe(Status.EXPIRED, now, r[1])
-        shape = {"created_at": r[1], "expires_at": r[2], "gate": r[3], "gates": r[4], "channel": r[5]}
+        shape = {
+            "created_at": r[1],
+            "expires_at": r[2],
+            "gate": r[3],
+            "gates": r[4],
+            "channel": r[5],
+            "config_version": r[6],
+        }
         reasons[str(r[0])] = expiry_reason(from_row(ConfirmationRequest, shape))
     expired = sorted(reasons)
     if expired:
