@@ -15,7 +15,7 @@ export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff
 MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-run run test lint typecheck migrations-check pytest postgres chromium bench dist clean
+.PHONY: install install-run run test lint typecheck migrations-check pytest postgres chromium strace bench dist clean
 
 install: $(STAMP)
 
@@ -47,7 +47,7 @@ run: install-run
 		SIGNOFF_LOG_FORMAT=$${SIGNOFF_LOG_FORMAT:-text} \
 		$(BIN)/signoff serve
 
-test: install postgres chromium lint typecheck migrations-check pytest
+test: install postgres chromium strace lint typecheck migrations-check pytest
 
 lint: install
 	@echo "==> ruff"
@@ -83,7 +83,14 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 			chromium fonts-dejavu-core >/dev/null; }
 
-pytest: install chromium
+# The durability test counts a real server's syncs with strace.
+strace:
+	@test -x /usr/bin/strace || { \
+		echo "==> installing strace for the durability test"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq strace >/dev/null; }
+
+pytest: install chromium strace
 	@VENV=$(VENV) bash scripts/ensure-claude-code.sh
 	@echo "==> pytest (SQLite and PostgreSQL), one worker per core"
 	@$(BIN)/pytest -n auto --dist loadfile

@@ -169,7 +169,7 @@ def _with_session(
     async def run() -> T:
         from signoff.app import webhooks
 
-        engine = create_engine(settings.database_url)
+        engine = create_engine(settings.database_url, sync=settings.sqlite_sync)
         try:
             async with transaction(sessionmaker(engine, webhooks=routes, events=webhooks.owe)) as session:
                 return await work(session, settings)

@@ -31,6 +31,7 @@ from sqlalchemy.orm import SessionTransaction
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.bodies import read_json
+from signoff.app.sqlite import Sync
 from signoff.app.sqlite import create_engine as sqlite_engine
 
 __all__ = [
@@ -99,9 +100,10 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def create_engine(url: str, *, readonly: bool = False, **kw: Any) -> AsyncEngine:
-    """An engine; on SQLite, ``readonly`` engines take no write lock when they begin (see
-    :func:`signoff.app.sqlite.create_engine`)."""
+def create_engine(url: str, *, readonly: bool = False, sync: Sync = "full", **kw: Any) -> AsyncEngine:
+    """An engine; on SQLite, ``readonly`` engines take no write lock when they begin and
+    commits reach the disk as ``sync`` says (see :func:`signoff.app.sqlite.create_engine`).
+    PostgreSQL syncs as the server is configured (``synchronous_commit``, on by default)."""
     url = async_url(url)
     # Rows stored before the input rules (or edited by hand) read as what can be shown.
     kw.setdefault("json_deserializer", read_json)
@@ -110,7 +112,7 @@ def create_engine(url: str, *, readonly: bool = False, **kw: Any) -> AsyncEngine
         kw.setdefault("max_overflow", 20)
         kw.setdefault("pool_pre_ping", True)
         return create_async_engine(url, **kw)
-    return sqlite_engine(url, readonly=readonly, **kw)
+    return sqlite_engine(url, readonly=readonly, sync=sync, **kw)
 
 
 def dialect_of(session: AsyncSession) -> str:

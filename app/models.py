@@ -91,15 +91,18 @@ class ConfirmationRequest(SQLModel, table=True):
     """SHA-256 of the tool name and the arguments as sent (before redaction): a replayed
     idempotency key must carry the same call."""
     request_metadata: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
-    gate: dict[str, Any] = Field(sa_type=sa.JSON)
-    """The first gate that matched, as it was when the request was made (name, approvers,
-    quorum, …); ``gates`` holds them all."""
+    gate: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    """Written by releases before revision 0012 only: the first gate again, with the
+    configuration's version (migrated rows have it in ``gates`` and ``config_version``)."""
     gates: list[dict[str, Any]] = Field(
         default_factory=list, sa_type=sa.JSON, sa_column_kwargs={"server_default": "[]"}
     )
     """Every gate the call matched, as each was (key, name, channel, approvers, quorum, …), in
-    the order they run: each must approve. Empty in requests made before several gates could
-    ask: their one gate is ``gate``, posted to ``channel``."""
+    the order they run: each must approve. Each is stored once, without the fields left at
+    their defaults (see :meth:`signoff.app.requests.eligibility.GateSnapshot.stored`)."""
+    config_version: str | None = Field(default=None, max_length=64)
+    """The configuration the request was gated under (None: written by a release before
+    revision 0012, which kept it in ``gate``)."""
     channel: str = Field(max_length=200)
     """The first gate's channel."""
     requester: str | None = Field(default=None, max_length=200)

@@ -198,7 +198,7 @@ class Runtime:
             raise ConfigError([problem])
         for warning in config.warnings():
             log.warning("%s", warning)
-        engine = create_engine(settings.database_url)
+        engine = create_engine(settings.database_url, sync=settings.sqlite_sync)
         hub, outbox_wake = Hub(), asyncio.Event()
         runtime: Runtime | None = None
 

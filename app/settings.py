@@ -24,6 +24,10 @@ class Settings(BaseSettings):
     environment: str = "production"
     """``development`` allows an unset admin token; anything else refuses placeholders."""
     database_url: str = Field(default_factory=lambda: f"sqlite+aiosqlite:///{Path.cwd() / 'signoff.db'}")
+    sqlite_sync: Literal["full", "normal"] = "full"
+    """On SQLite, how a commit reaches the disk (``SIGNOFF_SQLITE_SYNC``): ``full`` syncs every
+    request and decision before anyone is told; ``normal`` is faster but may lose the last
+    decisions and requests on a power loss or an OS crash (see signoff.app.sqlite.Sync)."""
     config: Path | None = None
     """The YAML file with channels, people and agents (``SIGNOFF_CONFIG``)."""
     admin_token: SecretStr | None = None

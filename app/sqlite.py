@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from importlib.metadata import version
-from typing import Any
+from typing import Any, Literal
 
 import aiosqlite
 from sqlalchemy import event
@@ -30,7 +30,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from sqlalchemy.util import await_
 from sqlalchemy.util.queue import AsyncAdaptedQueue, Empty
 
-__all__ = ["BUSY_TIMEOUT_MS", "WRITTEN_FOR", "InlineSQLite", "create_engine", "unsupported"]
+__all__ = ["BUSY_TIMEOUT_MS", "SYNC", "WRITTEN_FOR", "InlineSQLite", "Sync", "create_engine", "unsupported"]
 
 log = logging.getLogger("signoff")
 
@@ -43,6 +43,19 @@ _SLOW: set[str] = set()
 BUSY_TIMEOUT_MS = 30_000
 CHECKPOINT_EVERY = 200
 """Commits between WAL checkpoints of a writer connection (SQLite's own default is ~1000 pages)."""
+
+Sync = Literal["full", "normal"]
+"""How a commit reaches the disk (``SIGNOFF_SQLITE_SYNC``):
+
+- ``full`` (the default): ``synchronous=FULL``. ``COMMIT`` syncs the WAL before it returns
+  and before any other connection can read what it wrote, so a request, a vote or a
+  decision anyone has been told of survives a power loss or an OS crash. Calls arriving
+  together share one commit, and so one sync (the intake's group commit).
+- ``normal``: ``synchronous=NORMAL``. ``COMMIT`` only appends to the WAL; the WAL is synced
+  at checkpoints. A crash of Signoff loses nothing, but a power loss or an OS crash **may
+  lose the last decisions and requests** — ones an agent was already told of and acted on.
+"""
+SYNC: dict[Sync, str] = {"full": "FULL", "normal": "NORMAL"}
 
 
 @functools.cache
@@ -72,8 +85,11 @@ class InlineSQLite(aiosqlite.Connection):
     - a writer's ``BEGIN IMMEDIATE`` is tried inline with ``busy_timeout`` 0; only
       if another process holds the write lock does it wait, on the worker thread,
       for up to :data:`BUSY_TIMEOUT_MS`. Once it has begun, nothing in the
-      transaction waits for a lock, and ``COMMIT`` (no automatic checkpoint, see
-      below) only appends to the WAL without syncing (``synchronous=NORMAL``);
+      transaction waits for a lock;
+    - a writer's ``COMMIT`` (no automatic checkpoint, see below) syncs the WAL under
+      ``synchronous=FULL``, so it runs on the worker thread and the event loop serves
+      others meanwhile; under ``normal`` (:data:`Sync`) it only appends to the WAL
+      without syncing, inline;
     - a statement that once took longer than :data:`SLOW_SECONDS` inline (a table
       scan, not a look-up) runs on the worker thread from then on;
     - the writer checkpoints the WAL (``PASSIVE``: it never waits) on the worker
@@ -83,9 +99,12 @@ class InlineSQLite(aiosqlite.Connection):
     One session uses a connection at a time, so the two threads never use it at once.
     """
 
-    def __init__(self, connector: Callable[[], sqlite3.Connection], *, writer: bool) -> None:
+    def __init__(
+        self, connector: Callable[[], sqlite3.Connection], *, writer: bool, sync: Sync = "full"
+    ) -> None:
         super().__init__(connector, iter_chunk_size=64)
         self.writer = writer
+        self.sync = sync
         self._commits = 0
 
     async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -110,7 +129,10 @@ class InlineSQLite(aiosqlite.Connection):
                     raise
             return await super()._execute(self._begin_waiting, fn, args)  # type: ignore[no-untyped-call]
         if kind == "commit" and self.writer:
-            fn(*args, **kwargs)
+            if self.sync == "full":
+                await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+            else:
+                fn(*args, **kwargs)
             self._commits += 1
             if self._commits % CHECKPOINT_EVERY == 0:
                 await super()._execute(self._checkpoint)  # type: ignore[no-untyped-call]
@@ -178,14 +200,14 @@ def _kind(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
     return "inline"
 
 
-def _inline_connector(url: str, *, writer: bool) -> Callable[[], Awaitable[aiosqlite.Connection]]:
+def _inline_connector(url: str, *, writer: bool, sync: Sync) -> Callable[[], Awaitable[aiosqlite.Connection]]:
     from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
 
     args, params = SQLiteDialect_aiosqlite().create_connect_args(make_url(url))
     params = {**params, "timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
 
     async def connect() -> aiosqlite.Connection:
-        conn = InlineSQLite(partial(sqlite3.connect, *args, **params), writer=writer)
+        conn = InlineSQLite(partial(sqlite3.connect, *args, **params), writer=writer, sync=sync)
         conn._thread.daemon = True  # as SQLAlchemy does for aiosqlite
         return await conn
 
@@ -197,9 +219,9 @@ def _in_memory(url: str) -> bool:
     return u.database in (None, "", ":memory:") or u.query.get("mode") == "memory"
 
 
-def create_engine(url: str, *, readonly: bool, **kw: Any) -> AsyncEngine:
+def create_engine(url: str, *, readonly: bool, sync: Sync = "full", **kw: Any) -> AsyncEngine:
     """An engine for the ``sqlite+aiosqlite`` ``url``; ``readonly`` engines take no write lock
-    when they begin.
+    when they begin; commits reach the disk as ``sync`` says (:data:`Sync`).
 
     A writer engine holds one connection: SQLite lets one writer in at a time anyway,
     and writers queued on the pool are handed the connection the moment it is free,
@@ -217,7 +239,9 @@ def create_engine(url: str, *, readonly: bool, **kw: Any) -> AsyncEngine:
             kw.setdefault("poolclass", _FairPool)
             kw.setdefault("pool_size", 1)
             kw.setdefault("max_overflow", 0)
-        engine = create_async_engine(url, async_creator=_inline_connector(url, writer=not readonly), **kw)
+        engine = create_async_engine(
+            url, async_creator=_inline_connector(url, writer=not readonly, sync=sync), **kw
+        )
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -227,7 +251,7 @@ def create_engine(url: str, *, readonly: bool, **kw: Any) -> AsyncEngine:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute(f"PRAGMA synchronous={SYNC[sync]}")
         cur.execute("PRAGMA foreign_keys=ON")
         if isinstance(dbapi_conn.driver_connection, InlineSQLite) and dbapi_conn.driver_connection.writer:
             # BEGIN IMMEDIATE is tried without waiting; see InlineSQLite.

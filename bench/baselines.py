@@ -3,9 +3,12 @@
 - ``echo``: ``POST /echo`` returns the JSON body it was sent.
 - ``sqlite``: ``POST /insert`` inserts one row (an id, the tool name, the
   arguments as JSON, a timestamp) with aiosqlite, Signoff's own SQLite driver,
-  on a WAL database with ``synchronous=NORMAL`` (Signoff's pragmas); one
-  autocommitted statement per request.
-- ``postgres``: the same insert through an asyncpg pool.
+  on a WAL database with Signoff's pragmas: ``synchronous=FULL``, so each insert
+  is synced before it is answered, as Signoff syncs its requests
+  (``SIGNOFF_SQLITE_SYNC=normal`` in the environment: ``NORMAL``, as Signoff then);
+  one autocommitted statement per request, so one sync per insert (no group commit).
+- ``postgres``: the same insert through an asyncpg pool, on the server's defaults
+  (``synchronous_commit=on``: each commit is flushed before it returns, as Signoff's).
 
     python -m bench.baselines echo|sqlite|postgres --port P [--database URL-or-path]
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,7 +55,8 @@ def sqlite_app(path: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = await aiosqlite.connect(path, isolation_level=None)
         await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
+        sync = "NORMAL" if os.environ.get("SIGNOFF_SQLITE_SYNC", "").lower() == "normal" else "FULL"
+        await db.execute(f"PRAGMA synchronous={sync}")
         await db.execute(TABLE)
         state["db"] = db
         yield

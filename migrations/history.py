@@ -59,6 +59,8 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # Its version goes back into ``gate`` before the column is dropped.
+    "0012": (Drop("confirmation_request", "config_version", holds=None),),
     "0011": (),
     "0010": (Drop("delivery", "gate"), Drop("delivery", "step")),
     "0009": (Drop("delivery", "event_id"), Drop("delivery", "payload", _json("payload"))),

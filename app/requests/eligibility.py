@@ -142,9 +142,10 @@ class GateSnapshot(BaseModel):
         return self.names.get(approver) or approver
 
     def stored(self) -> dict[str, object]:
-        """The snapshot as a request's ``gates`` column holds it (the version is the request's,
-        stored once with its first gate)."""
-        return self.model_dump(mode="json", exclude={"config_version"})
+        """The snapshot as a request's ``gates`` column holds it: without the version (the
+        request's own, in its ``config_version``) and without the fields left at their
+        defaults, which read back as the same snapshot."""
+        return self.model_dump(mode="json", exclude={"config_version"}, exclude_defaults=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,9 +257,10 @@ def gate_refusal(
 
 def gates_of(req: ConfirmationRequest) -> list[GateSnapshot]:
     """The request's gates in the order they run (a request made before several gates could
-    ask has its one ``gate``, posted to the request's ``channel``)."""
-    first: Mapping[str, object] = req.gate
-    version = first.get("config_version")
+    ask has its one ``gate``, posted to the request's ``channel``, until revision 0012 moves it
+    into ``gates``)."""
+    first: Mapping[str, object] = req.gate or {}
+    version = req.config_version or first.get("config_version")
     known = {"config_version": version if isinstance(version, str) else None}
     if req.gates:
         return [GateSnapshot.model_validate({**g, **known}) for g in req.gates]

@@ -231,8 +231,8 @@ def new_request(
         "idempotency_key": idempotency_key(ctx),
         "call_digest": call_digest(ctx.tool_name, ctx.arguments),
         "request_metadata": redact(dict(ctx.metadata), words),
-        "gate": {**gates[0], "config_version": config.version},
         "gates": gates,
+        "config_version": config.version,
         "channel": first.channel,
         "requester": config.recognise(ctx.user_id) or ctx.user_id,
         "created_at": now,
@@ -304,6 +304,7 @@ def _snapshot(key: str, gate: ConfirmationGate, config: SignoffConfig) -> GateSn
             EscalationStep(after_seconds=e.after.total_seconds(), channel=e.channel, approvers=e.approvers)
             for e in steps
         ),
-        names={a: config.display_name(a) for a in everyone},
+        # Only the names that differ from the key: name_of falls back to the key.
+        names={a: name for a in everyone if (name := config.display_name(a)) != a},
         config_version=config.version,
     )

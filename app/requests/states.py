@@ -301,6 +301,7 @@ async def expire_overdue(
                 col(c.channel),
                 col(c.agent_id),
                 col(c.tool_name),
+                col(c.config_version),
             )
             .execution_options(synchronize_session=False)
         )
@@ -318,7 +319,14 @@ async def expire_overdue(
             gate=gate_names(r[3], r[4]),
             who=EXPIRY.id,
         )
-        shape = {"created_at": r[1], "expires_at": r[2], "gate": r[3], "gates": r[4], "channel": r[5]}
+        shape = {
+            "created_at": r[1],
+            "expires_at": r[2],
+            "gate": r[3],
+            "gates": r[4],
+            "channel": r[5],
+            "config_version": r[8],
+        }
         reasons[str(r[0])] = expiry_reason(from_row(ConfirmationRequest, shape))
     expired = sorted(reasons)
     if expired:

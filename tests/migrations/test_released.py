@@ -46,6 +46,9 @@ RELEASED = {
     "2026_12_02_0530-0011_call_digest_for_early_databases.py": (
         "7dc5aae9738a99d8d9c2bfd386e79cbf6e9a4b0be197e97effbe945b6ea61095"
     ),
+    "2026_12_02_1500-0012_each_gate_snapshot_once.py": (
+        "7ddaae0de3329602a83371a8bb5792e219551cc3776bf9729405b13590158ccb"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 
