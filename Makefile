@@ -39,9 +39,10 @@ $(STAMP): pyproject.toml hooks/pyproject.toml
 	@$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email]" --group dev
 	@rm -f $(VENV)/.installed-* && touch $@ $(RUN_STAMP)
 
+# The admin token is the operator API's password: readable by its owner alone (0600).
 run: install-run
-	@test -s .signoff-admin-token || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > .signoff-admin-token
-	@echo "==> Signoff on http://127.0.0.1:8000 (SQLite: ./signoff.db, config: examples/signoff.yaml)"
+	@umask 077 && { test -s .signoff-admin-token || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > .signoff-admin-token; } && chmod 600 .signoff-admin-token
+	@echo "==> Signoff on http://$${SIGNOFF_HOST:-127.0.0.1}:$${SIGNOFF_PORT:-8000} ($$(test -n "$$SIGNOFF_DATABASE_URL" && echo 'database: $$SIGNOFF_DATABASE_URL' || echo 'SQLite: ./signoff.db'), config: $${SIGNOFF_CONFIG:-examples/signoff.yaml})"
 	@echo "    operator API token: $$(cat .signoff-admin-token)   (export SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token))"
 	@SIGNOFF_CONFIG=$${SIGNOFF_CONFIG:-examples/signoff.yaml} SIGNOFF_ADMIN_TOKEN=$$(cat .signoff-admin-token) \
 		SIGNOFF_LOG_FORMAT=$${SIGNOFF_LOG_FORMAT:-text} \

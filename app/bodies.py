@@ -18,19 +18,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pydantic_core
-from fastapi import HTTPException, Request, Response
-from fastapi.routing import APIRoute
 
 __all__ = [
     "REPLACEMENT",
     "UNREADABLE",
     "Refused",
-    "StrictJSONRequest",
-    "StrictJSONRoute",
     "parse_json",
     "read_json",
     "scrubbed",
@@ -199,27 +194,3 @@ def read_json(text: str) -> Any:
     except (ValueError, TypeError, RecursionError):
         return {UNREADABLE: UNSTORABLE.sub(REPLACEMENT, str(text)[:200])}
     return scrubbed(value) if _ESCAPED.search(text) else value
-
-
-class StrictJSONRequest(Request):
-    """A request whose JSON body is read by :func:`parse_json` (a refusal is a 422)."""
-
-    async def json(self) -> Any:
-        if not hasattr(self, "_json"):
-            try:
-                self._json = parse_json(await self.body())
-            except Refused as exc:
-                raise HTTPException(422, str(exc)) from None
-        return self._json
-
-
-class StrictJSONRoute(APIRoute):
-    """A route whose JSON body follows the rule (FastAPI reads bodies with ``request.json()``)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def strict(request: Request) -> Response:
-            return await handler(StrictJSONRequest(request.scope, request.receive))
-
-        return strict

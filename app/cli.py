@@ -8,40 +8,26 @@ names the cause and the fix, with a non-zero exit; ``SIGNOFF_DEBUG=1`` adds the 
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import sqlalchemy.exc
 import typer
-from sqlalchemy.engine import make_url
-from sqlmodel import col, select
-from sqlmodel.ext.asyncio.session import AsyncSession
+from typer.core import TyperArgument, TyperOption
 
-from signoff.app.audit import Actor, BrokenLink, verify_chain
-from signoff.app.builtin_hooks.confirmation_gate import parse_duration
-from signoff.app.config import ConfigError, SignoffConfig, load_config
-from signoff.app.db import (
-    SchemaError,
-    create_engine,
-    downgrade,
-    head_revision,
-    migrate,
-    sessionmaker,
-    transaction,
-)
-from signoff.app.keys import create_key, revoke_keys
-from signoff.app.models import AgentKey, ConfirmationRequest, Grant, Status, utcnow
-from signoff.app.operators import GrantNamed, decide
-from signoff.app.requests import grants
-from signoff.app.requests.eligibility import gates_of
-from signoff.app.requests.states import get_request
-from signoff.app.settings import Settings
-from signoff.channels import Verdict, edit_problem, parse_edit_value
+if TYPE_CHECKING:  # imported where used: `signoff --help` loads nothing of the server
+    import socket
+
+    from sqlmodel.ext.asyncio.session import AsyncSession
+
+    from signoff.app.audit import BrokenLink
+    from signoff.app.config import ConfigError, SignoffConfig
+    from signoff.app.models import AgentKey, ConfirmationRequest, Grant
+    from signoff.app.settings import Settings
+    from signoff.channels import Verdict
 
 app = typer.Typer(
     help="Signoff: human approval for AI agents' tool calls.",
@@ -74,7 +60,14 @@ for sub, name in [
     app.add_typer(sub, name=name)
 
 T = TypeVar("T")
-CLI = Actor("cli", None, "command line")
+STATUSES = ("pending", "approved", "rejected", "expired", "cancelled")
+"""A request's statuses (signoff.app.models.Status), for ``requests list --status``."""
+
+
+def _cli_actor(name: str | None = None) -> Any:
+    from signoff.app.audit import Actor
+
+    return Actor("cli", name, name or "command line")
 
 
 def _print_version(wanted: bool) -> None:
@@ -104,6 +97,8 @@ class CliError(Exception):
 
 
 def _settings() -> Settings:
+    from signoff.app.settings import Settings
+
     try:
         return Settings()
     except ValueError as exc:
@@ -113,6 +108,8 @@ def _settings() -> Settings:
 
 
 def _config(settings: Settings, *, needed_for: str) -> SignoffConfig:
+    from signoff.app.config import ConfigError, load_config
+
     if settings.config is None:
         raise CliError(
             f"SIGNOFF_CONFIG is not set, and {needed_for} needs the server's configuration: "
@@ -134,6 +131,8 @@ def _config_problems(path: Path, exc: ConfigError) -> str:
 
 def _safe_url(url: str) -> str:
     """The database URL without its password."""
+    from sqlalchemy.engine import make_url
+
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
@@ -142,6 +141,8 @@ def _safe_url(url: str) -> str:
 
 def _database_error(exc: BaseException, url: str) -> CliError | None:
     """Name the two database failures a user can fix: not migrated, and not reachable."""
+    import sqlalchemy.exc
+
     text = str(getattr(exc, "orig", None) or exc)
     where = _safe_url(url)
     if "no such table" in text or ("does not exist" in text and "relation" in text):
@@ -168,6 +169,7 @@ def _with_session(
 
     async def run() -> T:
         from signoff.app import webhooks
+        from signoff.app.db import create_engine, sessionmaker, transaction
 
         engine = create_engine(settings.database_url, sync=settings.sqlite_sync)
         try:
@@ -183,6 +185,8 @@ def _with_session(
 @contextmanager
 def _database(settings: Settings) -> Iterator[None]:
     """Turn the database failures a user can fix into one line that says how."""
+    from signoff.app.db import SchemaError
+
     try:
         yield
     except CliError:
@@ -205,9 +209,12 @@ def serve(
     ] = True,
 ) -> None:
     """Apply the migrations, then serve the API."""
+    import gc
+
     import uvicorn
 
     from signoff.app import serverlock
+    from signoff.app.db import migrate
     from signoff.app.drain import Server
     from signoff.app.logs import configure_logging
     from signoff.app.main import create_app
@@ -219,6 +226,12 @@ def serve(
         problem = missing_link_settings(settings, config)
         if problem is not None:
             raise CliError(problem, 2)
+    else:
+        sys.stderr.write(
+            "warning: SIGNOFF_CONFIG is not set, so no agent is configured and EVERY agent's call "
+            "will be denied; set SIGNOFF_CONFIG=/path/to/signoff.yaml (examples/signoff.yaml to try)\n"
+        )
+    listener = _listen(host or settings.host, port or settings.port, given=port is not None)
     configure_logging(settings.log_format, settings.log_level)
     try:
         serverlock.hold(settings.database_url)  # one SQLite file, one server
@@ -247,10 +260,32 @@ def serve(
         # their SYNs into seconds-long retries (the kernel caps this at net.core.somaxconn).
         backlog=8192,
     )
-    Server(listening, application.state.drain).run()
+    Server(listening, application.state.drain).run(sockets=[listener])
+
+
+def _listen(host: str, port: int, *, given: bool) -> socket.socket:
+    """The listening socket, bound before anything starts, so that a port in use is one line."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = "--port" if given else "SIGNOFF_PORT"
+        fix = f"stop what listens there or choose another port ({where}={port + 1})"
+        if isinstance(exc, socket.gaierror):
+            raise CliError(f"cannot listen on {host}: {exc.strerror}; check SIGNOFF_HOST", 2) from None
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {fix}", 2) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _at(revision: str | None) -> str:
+    from signoff.app.db import head_revision
+
     if revision is None:
         return "no revision"
     return f"head ({revision})" if revision == head_revision() else revision
@@ -259,6 +294,8 @@ def _at(revision: str | None) -> str:
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
     """Apply the migrations to SIGNOFF_DATABASE_URL, up to REVISION (default: head)."""
+    from signoff.app.db import migrate
+
     settings = _settings()
     with _database(settings):
         left = migrate(settings.database_url, revision)
@@ -271,6 +308,8 @@ def db_downgrade(
 ) -> None:
     """Undo the migrations after REVISION. Refused, with nothing changed, if that would drop
     data the database holds."""
+    from signoff.app.db import downgrade
+
     settings = _settings()
     with _database(settings):
         left = downgrade(settings.database_url, revision)
@@ -295,6 +334,8 @@ def db_backup(path: Annotated[Path, typer.Argument(help="The file to write (it m
 @config_app.command("check")
 def config_check(file: Annotated[Path, typer.Argument(help="The YAML file.")]) -> None:
     """Validate a configuration file; print each problem with its path (and each warning)."""
+    from signoff.app.config import ConfigError, load_config
+
     try:
         cfg = load_config(file)
     except ConfigError as exc:
@@ -304,10 +345,17 @@ def config_check(file: Annotated[Path, typer.Argument(help="The YAML file.")]) -
     for warning in cfg.warnings():
         typer.echo(f"warning: {warning}", err=True)
     gates = sum(len(a.hooks) for a in cfg.agents.values())
-    typer.echo(
-        f"{file}: ok ({len(cfg.channels)} channels, {len(cfg.people)} people, "
-        f"{len(cfg.agents)} agents, {gates} gates)"
-    )
+    counts = [
+        _count(len(cfg.channels), "channel"),
+        _count(len(cfg.people), "person", "people"),
+        _count(len(cfg.agents), "agent"),
+        _count(gates, "gate"),
+    ]
+    typer.echo(f"{file}: ok ({', '.join(counts)})")
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 @config_app.command("reload")
@@ -354,11 +402,38 @@ def config_reload(
 
 
 @keys_app.command("create")
-def keys_create(agent: Annotated[str, typer.Argument(help="The agent's name in the configuration.")]) -> None:
+def keys_create(
+    agent: Annotated[str, typer.Argument(help="The agent's name in the configuration.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Create it even if SIGNOFF_CONFIG names no such agent.")
+    ] = False,
+) -> None:
     """Create an API key for AGENT; the key is printed once, alone on the last line."""
+    from signoff.app.keys import create_key
+
+    settings = _settings()
+    if settings.config is None:
+        typer.echo(
+            f"warning: SIGNOFF_CONFIG is not set, so nothing says whether {agent!r} is configured; "
+            "an agent the server's file does not name is denied on every call",
+            err=True,
+        )
+    elif not force:
+        config = _config(settings, needed_for="`signoff keys create`")
+        if agent not in config.agents:
+            from signoff.app.spelling import did_you_mean
+
+            known = ", ".join(sorted(config.agents)) or "none"
+            hint = did_you_mean(agent, config.agents)
+            raise CliError(
+                f"{settings.config} names no agent {agent!r}{'; ' + hint if hint else ''} "
+                f"(its agents: {known}); a key for it would be denied on every call. "
+                "Add the agent to the file, or pass --force to create the key anyway",
+                2,
+            )
 
     async def work(session: AsyncSession, settings: Settings) -> str:
-        row, token = await create_key(session, agent, actor=CLI)
+        row, token = await create_key(session, agent, actor=_cli_actor())
         return f"created key {row.id} for agent {agent}; store it now, it is not shown again:\n{token}"
 
     typer.echo(_with_session(work))
@@ -372,9 +447,10 @@ def keys_revoke(
     """Revoke one key, or all keys of an agent."""
     if (key_id is None) == (agent is None):
         raise CliError("name a key id or --agent AGENT (see `signoff keys list`)", 2)
+    from signoff.app.keys import revoke_keys
 
     async def work(session: AsyncSession, settings: Settings) -> list[str]:
-        return await revoke_keys(session, key_id=key_id, agent_id=agent, actor=CLI)
+        return await revoke_keys(session, key_id=key_id, agent_id=agent, actor=_cli_actor())
 
     revoked = _with_session(work)
     if not revoked:
@@ -385,6 +461,9 @@ def keys_revoke(
 @keys_app.command("list")
 def keys_list() -> None:
     """List keys (ids and agents; never the keys themselves)."""
+    from sqlmodel import col, select
+
+    from signoff.app.models import AgentKey
 
     async def work(session: AsyncSession, settings: Settings) -> list[AgentKey]:
         return list((await session.exec(select(AgentKey).order_by(col(AgentKey.created_at)))).all())
@@ -396,29 +475,52 @@ def keys_list() -> None:
 
 @requests_app.command("list")
 def requests_list(
-    status: Annotated[Status | None, typer.Option(help="Only this status.")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="Only this status: pending, approved, rejected, expired or cancelled.")
+    ] = None,
     agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many.")] = 50,
 ) -> None:
-    """One request per line, id first, newest first."""
+    """A table of requests, newest first: one per line after the header, id first."""
+    if status is not None and status.strip().lower() not in STATUSES:
+        raise CliError(f"--status {status!r}: one of {', '.join(STATUSES)}", 2)
+    wanted = status.strip().lower() if status is not None else None
 
     async def work(session: AsyncSession, settings: Settings) -> list[ConfirmationRequest]:
         from signoff.app import queries
+        from signoff.app.models import Status
 
         return await queries.list_requests(
-            session, queries.RequestFilter(status=status, agent=agent), limit=limit
+            session,
+            queries.RequestFilter(status=Status(wanted) if wanted else None, agent=agent),
+            limit=limit,
         )
 
-    for r in _with_session(work):
-        typer.echo(
-            f"{r.id}  {r.status:<9}  {r.agent_id}  {r.tool_name}  expires {r.expires_at:%Y-%m-%d %H:%M:%S}Z"
-        )
+    found = _with_session(work)
+    if not found:
+        of = f" of agent {agent}" if agent else ""
+        typer.echo(f"no {wanted + ' ' if wanted else ''}requests{of}")
+        return
+    rows = [("ID", "STATUS", "AGENT", "TOOL", "WHEN", "DECIDED BY")]
+    for r in found:
+        if r.decided_at is not None:
+            when = f"decided {r.decided_at:%Y-%m-%d %H:%M:%S}Z"
+        elif r.status == "pending":
+            when = f"expires {r.expires_at:%Y-%m-%d %H:%M:%S}Z"
+        else:
+            when = f"created {r.created_at:%Y-%m-%d %H:%M:%S}Z"
+        by = r.decided_by_name or r.decided_by_user_id or "-"
+        rows.append((r.id, str(r.status), r.agent_id, r.tool_name, when, by))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        typer.echo("  ".join([*(v.ljust(w) for v, w in zip(row, widths, strict=False)), row[-1]]))
 
 
 @requests_app.command("show")
 def requests_show(request_id: str) -> None:
     """A request with its votes, as JSON."""
     from signoff.app.queries import request_out
+    from signoff.app.requests.states import get_request
 
     async def work(session: AsyncSession, settings: Settings) -> str | None:
         req = await get_request(session, request_id)
@@ -434,6 +536,8 @@ def requests_show(request_id: str) -> None:
 
 def _grant_option(text: str) -> tuple[str, int, list[str] | None]:
     """``session:1h`` or ``agent:30m:to,memo`` → scope, seconds and the ``same`` fields (if named)."""
+    from signoff.app.builtin_hooks.confirmation_gate import parse_duration
+
     scope, _, rest = text.strip().partition(":")
     duration, _, fields = rest.partition(":")
     try:
@@ -449,6 +553,8 @@ def _grant_option(text: str) -> tuple[str, int, list[str] | None]:
 def _set_options(texts: list[str]) -> dict[str, Any] | None:
     """``--set amount=40000 --set memo=rent`` → the changed arguments (each value read as JSON,
     else as text); None when there are none."""
+    from signoff.channels import edit_problem, parse_edit_value
+
     if not texts:
         return None
     arguments: dict[str, Any] = {}
@@ -462,6 +568,12 @@ def _set_options(texts: list[str]) -> dict[str, Any] | None:
     return arguments
 
 
+def _verdict(name: str) -> Verdict:
+    from signoff.channels import Verdict
+
+    return Verdict(name)
+
+
 def _decide(
     request_id: str,
     verdict: Verdict,
@@ -470,16 +582,27 @@ def _decide(
     grant: str | None = None,
     changes: list[str] | None = None,
 ) -> None:
+    from signoff.app.operators import GrantNamed, decide
+    from signoff.app.requests.eligibility import gates_of
+    from signoff.app.requests.states import get_request
+
     settings = _settings()
     config = _config(settings, needed_for=f"`signoff requests {verdict.value}`")
     wanted = _grant_option(grant) if grant is not None else None
     arguments = _set_options(changes or [])
 
     async def work(session: AsyncSession, settings: Settings) -> tuple[bool, str] | None:
+        req = await get_request(session, request_id)
+        if req is None:
+            return None
+        gated = next((g.config_version for g in gates_of(req) if g.config_version), None)
+        if gated is not None and gated != config.version:
+            sys.stderr.write(
+                f"note: request {request_id} was gated under configuration {gated}; "
+                f"{settings.config} is {config.version}. Who may decide it is the request's own "
+                f"gates' (as of {gated}), whatever the file says now\n"
+            )
         if as_ is None or not as_.strip():
-            req = await get_request(session, request_id)
-            if req is None:
-                return None
             listed = dict.fromkeys(a for g in gates_of(req) for a in g.approvers)
             approvers = ", ".join(listed) or "anyone listed in people"
             raise CliError(
@@ -515,26 +638,28 @@ def requests_approve(
     request_id: str,
     reason: Annotated[str | None, typer.Option(help="Why.")] = None,
     as_: Annotated[
-        str | None, typer.Option("--as", help="Operator name (a person in the directory).")
+        str | None, typer.Option("--as", metavar="NAME", help="Operator name (a person in the directory).")
     ] = None,
     grant: Annotated[
         str | None,
         typer.Option(
+            metavar="SCOPE:DURATION",
             help="Approve with a grant the gate offers instead of once: SCOPE:DURATION[:FIELD,…] "
-            "(session:1h, agent:30m:to)."
+            "(session:1h, agent:30m:to).",
         ),
     ] = None,
     set_: Annotated[
         list[str] | None,
         typer.Option(
             "--set",
+            metavar="FIELD=VALUE",
             help="Approve with an argument changed: FIELD=VALUE, the value read as JSON, else as "
             "text (--set amount=40000 --set memo=rent); only fields the gate lists as editable.",
         ),
     ] = None,
 ) -> None:
     """Approve a request as an operator (once, with a grant the gate offers, or with changes)."""
-    _decide(request_id, Verdict.APPROVE, reason, as_, grant, set_)
+    _decide(request_id, _verdict("approve"), reason, as_, grant, set_)
 
 
 @requests_app.command("reject")
@@ -542,11 +667,11 @@ def requests_reject(
     request_id: str,
     reason: Annotated[str | None, typer.Option(help="Why (shown to the agent).")] = None,
     as_: Annotated[
-        str | None, typer.Option("--as", help="Operator name (a person in the directory).")
+        str | None, typer.Option("--as", metavar="NAME", help="Operator name (a person in the directory).")
     ] = None,
 ) -> None:
     """Reject a request as an operator."""
-    _decide(request_id, Verdict.REJECT, reason, as_)
+    _decide(request_id, _verdict("reject"), reason, as_)
 
 
 @grants_app.command("list")
@@ -555,6 +680,9 @@ def grants_list(
     agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
 ) -> None:
     """One grant per line, id first, newest first: active ones unless --all."""
+    from signoff.app.models import utcnow
+    from signoff.app.requests import grants
+
     now = utcnow()
 
     async def work(session: AsyncSession, settings: Settings) -> list[Grant]:
@@ -579,14 +707,13 @@ def grants_list(
 @grants_app.command("revoke")
 def grants_revoke(
     grant_id: Annotated[str, typer.Argument(help="The grant id (see `signoff grants list`).")],
-    as_: Annotated[str | None, typer.Option("--as", help="Operator name (audited).")] = None,
+    as_: Annotated[str | None, typer.Option("--as", metavar="NAME", help="Operator name (audited).")] = None,
 ) -> None:
     """Revoke a grant: from the next call on, on every server, it allows nothing."""
+    from signoff.app.requests import grants
 
     async def work(session: AsyncSession, settings: Settings) -> tuple[bool, bool, str | None]:
-        grant, revoked = await grants.revoke(
-            session, grant_id, actor=Actor("cli", as_, as_ or "command line")
-        )
+        grant, revoked = await grants.revoke(session, grant_id, actor=_cli_actor(as_))
         return grant is not None, revoked, grant.revoked_by if grant else None
 
     settings = _settings()
@@ -602,6 +729,7 @@ def grants_revoke(
 @audit_app.command("verify")
 def audit_verify() -> None:
     """Check the audit log's hash chain; report the first broken link."""
+    from signoff.app.audit import verify_chain
 
     async def work(session: AsyncSession, settings: Settings) -> tuple[int, BrokenLink | None]:
         return await verify_chain(session)
@@ -622,9 +750,7 @@ def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) ->
     from signoff.app.switches import set_switch
 
     async def work(session: AsyncSession, settings: Settings) -> None:
-        await set_switch(
-            session, switch, on=on, actor=Actor("cli", as_, as_ or "command line"), reason=reason
-        )
+        await set_switch(session, switch, on=on, actor=_cli_actor(as_), reason=reason)
 
     _with_session(work)
     typer.echo(f"{switch} is {'on' if on else 'off'}")
@@ -633,7 +759,7 @@ def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) ->
 @readonly_app.command("on")
 def readonly_on(
     switch: SwitchName = "read_only",
-    as_: Annotated[str | None, typer.Option("--as", help="Operator name.")] = None,
+    as_: Annotated[str | None, typer.Option("--as", metavar="NAME", help="Operator name.")] = None,
     reason: Annotated[str | None, typer.Option(help="Why (audited).")] = None,
 ) -> None:
     """Block the tools that `readonly_guard` hooks cover."""
@@ -643,7 +769,7 @@ def readonly_on(
 @readonly_app.command("off")
 def readonly_off(
     switch: SwitchName = "read_only",
-    as_: Annotated[str | None, typer.Option("--as", help="Operator name.")] = None,
+    as_: Annotated[str | None, typer.Option("--as", metavar="NAME", help="Operator name.")] = None,
     reason: Annotated[str | None, typer.Option(help="Why (audited).")] = None,
 ) -> None:
     """Let them through again."""
@@ -683,8 +809,10 @@ def operators_hash_password() -> None:
 def main() -> None:
     """Run the CLI; any failure becomes one ``error:`` line (a traceback with ``SIGNOFF_DEBUG=1``)."""
     debug = os.environ.get("SIGNOFF_DEBUG", "").strip() not in ("", "0", "false")
+    command = typer.main.get_command(app)
+    _plain_help(command)
     try:
-        code = app(standalone_mode=False)
+        code = command.main(prog_name="signoff", standalone_mode=False)
     except CliError as exc:
         _fail(str(exc), exc.code, debug)
     except typer.Abort:
@@ -697,6 +825,44 @@ def main() -> None:
     except Exception as exc:
         _fail(f"{type(exc).__name__}: {exc} (run with SIGNOFF_DEBUG=1 for the traceback)", 1, debug)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+class _Argument(TyperArgument):
+    """An argument shown as ``REQUEST_ID`` (optional: ``[KEY_ID]``), as click writes them."""
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return ""
+
+
+def _plain_help(command: Any) -> None:
+    """Help in the usual form: ``--limit LIMIT``, ``REQUEST_ID`` and a bare ``--force``, not
+    ``<int>``, ``{request_id}`` and ``<bool>`` (nor a type column narrow enough to break a word)."""
+    make_help_option = command.get_help_option
+
+    def help_option(ctx: Any) -> Any:
+        option = make_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for param in command.params:
+        if isinstance(param, TyperOption):
+            if param.is_flag:
+                param.metavar = ""
+            elif param.metavar is None:
+                longest = max(param.opts, key=len).lstrip("-")
+                param.metavar = longest.upper().replace("-", "_")
+        elif isinstance(param, TyperArgument):
+            param.__class__ = _Argument
+            if param.metavar is None and param.name:
+                param.metavar = param.name.upper()
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
 
 
 def _fail(message: str, code: int, debug: bool) -> None:

@@ -390,7 +390,10 @@ def _expand_env(node: Any, path: str, problems: list[str]) -> Any:
         def sub(m: re.Match[str]) -> str:
             value = os.environ.get(m.group(1))
             if value is None:
-                problems.append(f"{path}: environment variable {m.group(1)} is not set")
+                problems.append(
+                    f"{path}: environment variable {m.group(1)} is not set; "
+                    f"export {m.group(1)}=… where the server (and signoff) runs"
+                )
                 return ""
             return value
 
@@ -480,7 +483,8 @@ def _unknown_approver(approver: str, kind: str, doc: _File) -> str:
             f"list {operator.person!r} instead"
         )
     patterned = identity_of(kind).user_id is not None
-    what = f"a {kind} user id" if patterned else "an operator"
+    article = "an" if kind[:1] in "aeiou" else "a"
+    what = f"{article} {kind} user id" if patterned else "an operator"
     meant = _identifiers(doc.people).get(identity_key(approver))
     if meant is None:
         meant = closest(approver, [*doc.people, *_deciders(doc.operators)])
@@ -567,7 +571,8 @@ def _gate_problems(
                 _approver_problems(step.approvers, f"{path}.approvers", kind, doc, channel=step.channel)
             )
 
-    why = channel_problem(gate.channel, f"{where}.channel")
+    known = ", ".join(sorted(channels))
+    why = channel_problem(gate.channel, f"{where}.channel", f"; name one of {known} or declare it")
     if why is not None:
         return [why, *problems] if why else problems
     kind = channels[gate.channel].type
@@ -589,10 +594,12 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
     if not isinstance(raw, dict):
         raise ConfigError([f"{source}: (top level): expected a mapping with channels, people and agents"])
     raw = _expand_env(raw, "", problems)
+    if problems:  # what follows from an empty value would only mislead: fix the environment first
+        raise ConfigError([f"{source}: {p}" for p in problems])
     try:
         doc = _File.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError([f"{source}: {p}" for p in problems + _errors(exc, "")]) from None
+        raise ConfigError([f"{source}: {p}" for p in _errors(exc, "")]) from None
 
     channels: dict[str, ChannelConfig] = {
         "web": cast(ChannelConfig, CHANNEL_TYPES["web"].config.model_validate({"type": "web"}))

@@ -2,7 +2,8 @@
 
     python -m bench [--quick] [--db sqlite|postgres ...] [--only SECTION ...] [--no-write]
 
-Sections: ``hook`` (``signoff-hook claude-code`` start-up, editable and as a wheel),
+Sections: ``cli`` (``signoff --help`` start-up), ``hook`` (``signoff-hook claude-code``
+start-up, editable and as a wheel),
 ``client`` (agent-side overhead through the client library),
 ``latency`` (decision → waiter), ``throughput`` (pending creation and the allow
 path vs bare FastAPI baselines), ``waiters`` (many concurrent long-polls),
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import (
+    cli_startup,
     client_overhead,
     hook_startup,
     mcp_proxy,
@@ -36,7 +38,7 @@ from bench import (
 from bench._report import Row, dump_json, machine, markdown, text_table
 from bench._server import ROOT, Signoff, baseline, config_with_slack, fake_slack, running_server
 
-SECTIONS = ["hook", "client", "latency", "throughput", "waiters", "restart", "mcp", "redaction"]
+SECTIONS = ["cli", "hook", "client", "latency", "throughput", "waiters", "restart", "mcp", "redaction"]
 DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -180,6 +182,24 @@ def hook_rows(s: Signoff, runs: int) -> list[Row]:
     return rows
 
 
+def cli_rows(runs: int) -> list[Row]:
+    log(f"signoff --help start-up ({runs} runs each)")
+    r = cli_startup.measure(runs)
+    return [
+        Row(
+            "signoff --help, median (editable install)",
+            "-",
+            f"{r.cli_median_ms:.1f} ms (p90 {r.cli_p90_ms:.1f})",
+            f"{r.python_median_ms:.1f} ms (python -c pass)",
+            r.ratio,
+            f"ratio ≤ {cli_startup.TARGET:g}",
+            r.ratio <= cli_startup.TARGET,
+            "the command line imports nothing of the server it does not use; "
+            "ratio = signoff / python -c pass",
+        )
+    ]
+
+
 def waiter_rows(db: str, count: int) -> list[Row]:
     log(f"{db}: {count} concurrent waiters")
     r = waiters.measure(db, count, verbose=False)
@@ -277,6 +297,8 @@ def main() -> None:
     only = set(args.only or SECTIONS)
     t0 = time.monotonic()
     rows: list[Row] = []
+    if "cli" in only:
+        rows += cli_rows(plan.hook_runs)
     for db in dbs:
         if only & {"hook", "client", "latency", "throughput"}:
             rows += server_sections(db, plan, only)

@@ -11,13 +11,14 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import queries, switches
 from signoff.app.audit import Actor
-from signoff.app.bodies import StrictJSONRoute, storable
+from signoff.app.bodies import storable
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.models import Status, utcnow
 from signoff.app.operators import GrantNamed, decide
 from signoff.app.queries import RequestFilter
 from signoff.app.replicas import live_replicas
 from signoff.app.requests import grants
+from signoff.app.routers import StrictJSONRoute
 from signoff.app.schemas import (
     AdminRequestOut,
     AuditEventOut,

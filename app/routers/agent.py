@@ -18,7 +18,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from signoff.app.audit import Actor
-from signoff.app.bodies import Refused, StrictJSONRoute, parse_json, storable
+from signoff.app.bodies import Refused, parse_json, storable
 from signoff.app.db import transaction
 from signoff.app.deps import (
     AgentDep,
@@ -37,6 +37,7 @@ from signoff.app.requests.kernel import idempotency_key
 from signoff.app.requests.single_use import record_executed
 from signoff.app.requests.states import TERMINAL, get_request, transition
 from signoff.app.requests.votes import votes_for
+from signoff.app.routers import StrictJSONRoute
 from signoff.app.runtime import Runtime
 from signoff.app.schemas import (
     DecisionOut,

@@ -80,6 +80,12 @@ def delivery_error(exc: BaseException) -> DeliveryError:
         return PermanentDeliveryError(said)
     if _tls_failure(exc):
         return PermanentDeliveryError(f"the SMTP server's certificate did not verify: {exc}"[:300])
+    if isinstance(exc, SMTPException) and "STARTTLS" in str(exc):
+        return PermanentDeliveryError(
+            f"the SMTP server does not offer STARTTLS ({exc}): for a relay on this host or network "
+            "without TLS add ?starttls=false to smtp_url (smtp://host:25?starttls=false); "
+            "else use its TLS port (smtps://host:465)"[:300]
+        )
     if isinstance(exc, SMTPNotSupported):
         return PermanentDeliveryError(f"SMTP server does not support what smtp_url asks: {exc}"[:300])
     if isinstance(exc, TimeoutError):

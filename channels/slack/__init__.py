@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
 
 from signoff.channels._contract import Identity
 from signoff.channels.slack._blocks import (
@@ -87,8 +87,9 @@ class SlackConfig(BaseModel):
     type: Literal["slack"]
     bot_token: SecretStr
     """Bot token (``xoxb-…``) with ``chat:write``, ``users:read`` and ``users:read.email``."""
-    signing_secret: SecretStr
-    """The app's signing secret, for verifying interactivity callbacks."""
+    signing_secret: SecretStr | None = None
+    """The app's signing secret, for verifying the interactivity callbacks Slack posts to this
+    server; not needed with ``app_token`` (Socket Mode), where the callback URL refuses every post."""
     channel: str
     """The Slack channel id cards are posted to (``C0123ABCD``)."""
     base_url: str | None = None
@@ -98,8 +99,8 @@ class SlackConfig(BaseModel):
 
     @field_validator("bot_token", "signing_secret")
     @classmethod
-    def _not_blank(cls, value: SecretStr) -> SecretStr:
-        if not value.get_secret_value().strip():
+    def _not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
             raise ValueError("must not be empty")
         return value
 
@@ -117,6 +118,15 @@ class SlackConfig(BaseModel):
         if value is not None and not value.get_secret_value().startswith("xapp-"):
             raise ValueError("must be an app-level token (xapp-…)")
         return value
+
+    @model_validator(mode="after")
+    def _clicks_reach_us(self) -> SlackConfig:
+        if self.signing_secret is None and self.app_token is None:
+            raise ValueError(
+                "needs signing_secret, to verify the clicks Slack posts to the callback URL, "
+                "or app_token (xapp-…), to receive them over Socket Mode"
+            )
+        return self
 
 
 def create(name: str, config: SlackConfig) -> SlackChannel:

@@ -19,6 +19,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from signoff.channels._contract import (
+    CallbackRejected,
     CallbackReply,
     Card,
     Click,
@@ -221,7 +222,10 @@ class SlackChannel:
         reason modal before the reply, and the reply's ``after`` does the slow
         work (telling a refused clicker why, looking the clicker up).
         """
-        verify_request(body, headers, self._config.signing_secret.get_secret_value(), self._clock())
+        secret = self._config.signing_secret
+        if secret is None:
+            raise CallbackRejected("this channel receives clicks over Socket Mode (no signing_secret)")
+        verify_request(body, headers, secret.get_secret_value(), self._clock())
         payload = parse_payload(body)
         retry = lower_headers(headers).get("x-slack-retry-num")
         if retry is not None:

@@ -254,27 +254,47 @@ def test_key_events_are_audited(cli: Cli) -> None:
 # --- requests -------------------------------------------------------------------------------------
 
 
-def test_requests_list_one_per_line_id_first(cli: Cli) -> None:
-    assert cli.ok("requests", "list") == ""
+def test_requests_list_is_a_table_with_a_header_id_first(cli: Cli) -> None:
+    assert cli.ok("requests", "list") == "no requests\n"
     paid = cli.request("pay_invoice")
     wired = cli.request("wire_money")
     done = cli.request("pay_refund")
-    cli.ok("requests", "approve", done, "--as", "alice")
+    cli.ok("requests", "approve", done, "--as", "alice", "--reason", "checked")
 
     def ids(*args: str) -> list[str]:
         out = cli.ok("requests", "list", *args)
-        return [line.split()[0] for line in out.strip().splitlines()]
+        lines = out.strip().splitlines()
+        if lines == [lines[0]] and lines[0].startswith("no "):
+            return []
+        assert lines[0].split() == ["ID", "STATUS", "AGENT", "TOOL", "WHEN", "DECIDED", "BY"]
+        return [line.split()[0] for line in lines[1:]]
 
     assert ids() == [done, wired, paid], "newest first"
     assert ids("--status", "pending") == [wired, paid]
     assert ids("--status", "approved") == [done]
     assert ids("--status", "rejected") == []
-    assert ids("--agent", "other-bot") == []
+    assert cli.ok("requests", "list", "--status", "rejected") == "no rejected requests\n"
+    assert cli.ok("requests", "list", "--agent", "other-bot") == "no requests of agent other-bot\n"
     assert ids("--limit", "1") == [done]
-    line = cli.ok("requests", "list", "--status", "approved").strip()
-    assert line.split()[:4] == [done, "approved", "finance-bot", "pay_refund"]
+
+    table = cli.ok("requests", "list").splitlines()
+    # aligned: every column starts where the header's does
+    starts = [table[0].index(h) for h in ("STATUS", "AGENT", "TOOL", "WHEN", "DECIDED BY")]
+    for line in table[1:]:
+        for start in starts:
+            assert line[start - 2 : start] == "  ", (line, start)
+            assert line[start] != " ", (line, start)
+    decided = next(line for line in table if line.startswith(done))
+    assert decided.split()[:5] == [done, "approved", "finance-bot", "pay_refund", "decided"]
+    assert "expires" not in decided
+    assert decided.rstrip().endswith("Alice"), "the decider is shown"
+    pending = next(line for line in table if line.startswith(paid))
+    assert "expires" in pending
+    assert pending.rstrip().endswith("-")
+
     bad = cli("requests", "list", "--status", "maybe")
     assert bad.returncode == 2
+    assert bad.stderr == "error: --status 'maybe': one of pending, approved, rejected, expired, cancelled\n"
 
 
 def test_requests_show_prints_json(cli: Cli) -> None:
@@ -660,3 +680,151 @@ def test_decisions_and_revocations_from_the_command_line_are_owed_to_webhooks(gr
         ("sink", "grant.revoked"),
     ]
     assert json.loads(rows[0][2])["data"]["status"] == "approved"
+
+
+# --- what an operator meets -----------------------------------------------------------------------
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    subs = getattr(command, "commands", {})
+    return [path, *(p for name, sub in subs.items() for p in _commands(sub, (*path, name)))]
+
+
+def test_help_writes_placeholders_as_words_and_breaks_no_word(cli: Cli) -> None:
+    import typer
+
+    from signoff.app.cli import app
+
+    paths = _commands(typer.main.get_command(app))
+    assert ("requests", "approve") in paths
+    for path in paths:
+        cli.env["COLUMNS"] = "80"
+        text = cli.ok(*path, "--help")
+        for shown in ("<bool>", "<str>", "<int>", "<path>", "<list", "{"):
+            assert shown not in text, (path, shown, text)
+    approve = cli.ok("requests", "approve", "--help")
+    assert "Usage: signoff requests approve [OPTIONS] REQUEST_ID" in approve
+    assert "--as            NAME" in approve
+    assert "pending, approved, rejected," in cli.ok("requests", "list", "--help")
+    assert "expired or cancelled" in cli.ok("requests", "list", "--help")
+    assert "[KEY_ID]" in cli.ok("keys", "revoke", "--help")
+
+
+def _imported(*args: str, env: dict[str, str] | None = None) -> tuple[int, set[str]]:
+    """The exit code of ``signoff ARGS`` in a fresh process, and the top-level modules it had
+    imported by then."""
+    probe = (
+        "import sys, atexit\n"
+        "atexit.register(lambda: sys.__stderr__.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))\n"
+        f"sys.argv = ['signoff', *{list(args)!r}]\n"
+        "from signoff.app.entry import main\n"
+        "main()\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    line = next(ln for ln in done.stderr.splitlines() if ln.startswith("MODULES "))
+    return done.returncode, {m.split(".")[0] for m in line.split()[1:]}
+
+
+SERVER = {"fastapi", "starlette", "uvicorn", "apscheduler", "jinja2", "slack_sdk", "lark_oapi"}
+"""The web server and the channels' SDKs (httpx is the webhooks' client: decisions owe events)."""
+
+
+def test_signoff_help_imports_nothing_of_the_server() -> None:
+    code, loaded = _imported("--help")
+    assert code == 0
+    assert not loaded & (SERVER | {"httpx", "sqlalchemy", "sqlmodel", "pydantic", "yaml", "cel"})
+
+
+def test_listing_and_deciding_import_the_database_but_not_the_web_server(cli: Cli) -> None:
+    rid = cli.request("pay_invoice")
+    env = {"SIGNOFF_DATABASE_URL": cli.url, "SIGNOFF_CONFIG": str(cli.config_file)}
+    for args in (("requests", "list"), ("requests", "approve", rid, "--as", "alice")):
+        code, loaded = _imported(*args, env=env)
+        assert code == 0, args
+        assert "sqlalchemy" in loaded
+        assert not loaded & SERVER, (args, loaded & SERVER)
+    assert cli.row(rid).status == "approved"
+
+
+def test_keys_create_refuses_an_agent_the_configuration_does_not_name(cli: Cli) -> None:
+    refused = cli("keys", "create", "finance-bto")
+    assert refused.returncode == 2
+    assert refused.stdout == ""
+    assert refused.stderr == (
+        f"error: {cli.config_file} names no agent 'finance-bto'; did you mean 'finance-bot'? "
+        "(its agents: finance-bot, other-bot); a key for it would be denied on every call. "
+        "Add the agent to the file, or pass --force to create the key anyway\n"
+    )
+    assert cli.sql("SELECT count(*) FROM agent_key") == [(0,)]
+    forced = cli.ok("keys", "create", "finance-bto", "--force").splitlines()[-1]
+    assert cli.agent_for(forced) == "finance-bto"
+
+
+def test_keys_create_without_a_configuration_warns(cli: Cli) -> None:
+    del cli.env["SIGNOFF_CONFIG"]
+    done = cli("keys", "create", "anyone")
+    assert done.returncode == 0
+    assert done.stderr.startswith("warning: SIGNOFF_CONFIG is not set, so nothing says whether 'anyone'")
+
+
+def test_config_check_counts_in_words(cli: Cli, tmp_path: Path) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text(
+        yaml.safe_dump(
+            {
+                "people": {"alice": {"name": "Alice", "web": "alice"}},
+                "agents": {
+                    "bot": {
+                        "hooks": [
+                            {
+                                "type": "confirmation_gate",
+                                "tools": ["x"],
+                                "channel": "web",
+                                "approvers": ["alice"],
+                            }
+                        ]
+                    }
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
+    assert cli.ok("config", "check", str(one)) == f"{one}: ok (1 channel, 1 person, 1 agent, 1 gate)\n"
+    assert cli.ok("config", "check", str(cli.config_file)).startswith(
+        f"{cli.config_file}: ok (2 channels, 3 people"
+    )
+
+
+def test_a_decision_under_another_configuration_version_says_so_and_uses_the_requests_gates(
+    cli: Cli,
+) -> None:
+    rid = cli.request("pay_invoice")
+    same = cli("requests", "approve", cli.request("pay_invoice"), "--as", "alice")
+    assert same.returncode == 0
+    assert "note:" not in same.stderr
+
+    changed = copy.deepcopy(DEFAULT_CONFIG)
+    changed["agents"]["finance-bot"]["hooks"][0]["approvers"] = ["carol"]
+    cli.config_file.write_text(yaml.safe_dump(changed, sort_keys=False), encoding="utf-8")
+    gated = cli.config.version
+    now = parse_config(changed, source=str(cli.config_file)).version
+    note = (
+        f"note: request {rid} was gated under configuration {gated}; {cli.config_file} is {now}. "
+        f"Who may decide it is the request's own gates' (as of {gated}), whatever the file says now\n"
+    )
+    carol = cli("requests", "approve", rid, "--as", "carol")
+    assert carol.returncode == 1, "carol is an approver in the file, not of this request"
+    assert carol.stderr.startswith(note)
+    assert cli.row(rid).status == "pending"
+    alice = cli("requests", "approve", rid, "--as", "alice")
+    assert alice.returncode == 0, alice.stderr
+    assert alice.stderr == note
+    assert cli.row(rid).status == "approved"

@@ -377,7 +377,10 @@ def test_several_channel_and_gate_problems_are_reported_together(tmp_path: Path)
     path, problems = problems_of(tmp_path, body)
     known = ", ".join(sorted(CHANNEL_TYPES))
     assert f"{path}: channels.pager.type: unknown channel type 'nope' (known: {known})" in problems
-    assert f"{path}: {AGENT}.channel: no channel named 'ghost' under channels" in problems
+    assert (
+        f"{path}: {AGENT}.channel: no channel named 'ghost' under channels; "
+        "name one of chat, web or declare it" in problems
+    )
     assert all(p.startswith(f"{path}: ") for p in problems)
 
 
@@ -541,7 +544,7 @@ def test_a_misspelt_approver_is_refused_on_every_channel_type_with_the_name_mean
     where = f"{AGENT}.escalate[0].approvers[0]" if escalated else f"{AGENT}.approvers[0]"
     with pytest.raises(ConfigError) as info:
         parse_config(on_type(kind, [typo, "bob"], escalated=escalated), source="signoff.yaml")
-    what = f"a {kind} user id" if kind in RAW_IDS else "an operator"
+    what = f"{'an' if kind == 'email' else 'a'} {kind} user id" if kind in RAW_IDS else "an operator"
     assert info.value.problems == [
         f"signoff.yaml: {where}: {typo!r} is neither in people nor {what}; did you mean 'alice'?"
     ]
@@ -778,7 +781,10 @@ def test_config_check_real_command(tmp_path: Path) -> None:
     )
     assert failed.returncode == 1
     assert failed.stdout == ""
-    assert failed.stderr.strip() == f"{bad}: {AGENT}.channel: no channel named 'ghost' under channels"
+    assert failed.stderr.strip() == (
+        f"{bad}: {AGENT}.channel: no channel named 'ghost' under channels; "
+        "name one of chat, web or declare it"
+    )
     missing = subprocess.run(
         [str(SIGNOFF), "config", "check", str(tmp_path / "nope.yaml")],
         capture_output=True,
@@ -1008,4 +1014,44 @@ def test_config_check_names_a_bad_reminder_and_escalation(tmp_path: Path) -> Non
         "happen; escalate earlier or raise the timeout",
         f"{path}: {AGENT}.escalate[0].channel: no channel named 'nowhere' under channels; name one of chat, "
         "pager, web or declare it",
+    ]
+
+
+def test_an_unset_variable_is_one_problem_with_its_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIGNOFF_TEST_UNSET_SMTP", raising=False)
+    raw = {
+        "channels": {
+            "mail": {"type": "email", "smtp_url": "${SIGNOFF_TEST_UNSET_SMTP}", "from": "x@example.com"}
+        }
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, source="s.yaml")
+    assert caught.value.problems == [
+        "s.yaml: channels.mail.smtp_url: environment variable SIGNOFF_TEST_UNSET_SMTP is not set; "
+        "export SIGNOFF_TEST_UNSET_SMTP=… where the server (and signoff) runs"
+    ]
+
+
+def test_a_misspelt_channel_lists_the_channels_and_an_email_id_takes_its_article() -> None:
+    raw = {
+        "people": {"alice": {"name": "A", "email": "a@example.com"}},
+        "channels": {
+            "mail": {"type": "email", "smtp_url": "smtp://127.0.0.1:25?starttls=false", "from": "x@e.com"}
+        },
+        "agents": {
+            "bot": {
+                "hooks": [
+                    {"type": "confirmation_gate", "tools": ["x"], "channel": "slak", "approvers": ["alice"]},
+                    {"type": "confirmation_gate", "tools": ["x"], "channel": "mail", "approvers": ["alcie"]},
+                ]
+            }
+        },
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, source="s.yaml")
+    assert caught.value.problems == [
+        "s.yaml: agents.bot.hooks[0].channel: no channel named 'slak' under channels; "
+        "name one of mail, web or declare it",
+        "s.yaml: agents.bot.hooks[1].approvers[0]: 'alcie' is neither in people nor an email user id; "
+        "did you mean 'alice'?",
     ]

@@ -434,8 +434,9 @@ async def test_a_refused_login_is_permanent(tmp_path: Path) -> None:
 
 async def test_starttls_is_required_unless_turned_off() -> None:
     with LocalSmtp() as plain:
-        with pytest.raises(PermanentDeliveryError, match="STARTTLS extension not supported"):
+        with pytest.raises(PermanentDeliveryError, match="STARTTLS extension not supported") as refused:
             await _channel(f"smtp://127.0.0.1:{plain.port}").post(card())
+        assert "add ?starttls=false to smtp_url" in refused.value.reason
         assert plain.received == []
         await _channel(f"smtp://127.0.0.1:{plain.port}?starttls=false").post(card())
         assert len(plain.received) == 2

@@ -90,6 +90,30 @@ def test_config_refuses_unknown_keys_and_bad_tokens(slack_config_data: dict[str,
         SlackConfig.model_validate(slack_config_data | {"type": "feishu"})
 
 
+def test_socket_mode_needs_no_signing_secret_and_the_webhook_needs_one(
+    slack_config_data: dict[str, Any],
+) -> None:
+    without = {k: v for k, v in slack_config_data.items() if k != "signing_secret"}
+    assert SlackConfig.model_validate(without | {"app_token": APP_TOKEN}).signing_secret is None
+    with pytest.raises(ValidationError, match=r"needs signing_secret, .* or app_token"):
+        SlackConfig.model_validate(without)
+
+
+async def test_a_socket_mode_channel_without_a_signing_secret_refuses_every_posted_callback(
+    slack_config_data: dict[str, Any],
+) -> None:
+    without = {k: v for k, v in slack_config_data.items() if k != "signing_secret"}
+    ch = make_channel(without | {"app_token": APP_TOKEN})
+    body = form_body(approve_payload())
+    handler = RecordingHandler()
+    try:
+        with pytest.raises(CallbackRejected, match="Socket Mode"):
+            await ch.handle_callback(body, signed(body), handler)
+        assert handler.clicks == []
+    finally:
+        await ch.aclose()
+
+
 def test_secrets_do_not_leak_through_repr(slack_config_data: dict[str, Any]) -> None:
     config = SlackConfig.model_validate(slack_config_data)
 
@@ -574,7 +598,9 @@ async def next_ack(fake: FakeSlack) -> dict[str, Any]:
 async def test_socket_mode_routes_envelopes_through_the_same_handler(
     slack_config_data: dict[str, Any], fake_slack: FakeSlack
 ) -> None:
-    ch = make_channel(slack_config_data | {"app_token": APP_TOKEN})
+    # Socket Mode alone: no signing secret (the webhook is not used)
+    without = {k: v for k, v in slack_config_data.items() if k != "signing_secret"}
+    ch = make_channel(without | {"app_token": APP_TOKEN})
     handler = RecordingHandler()
     try:
         await ch.start(handler)
