@@ -248,6 +248,10 @@ def test_the_servers_own_hook_command_blocks_when_a_projects_signoff_shadows_it(
     assert (code, "refused the connection" in err) == (2, True)
     # Every other command is the server's: shadowed, it cannot start, and says why in one line.
     code, out, err = script(server_bin, "signoff", "--help", cwd=tmp_path, PYTHONPATH=str(project))
+    if shadow == "hooks package":
+        # Only signoff.hooks is hidden, and the server's help loads nothing of it.
+        assert (code, "Usage" in out) == (0, True)
+        return
     assert (code, out) == (2, "")
     assert err == (
         f"signoff: {named.format(project=project)} shadows signoff; "

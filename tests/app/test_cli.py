@@ -717,8 +717,8 @@ def _imported(*args: str, env: dict[str, str] | None = None) -> tuple[int, set[s
         "import sys, atexit\n"
         "atexit.register(lambda: sys.__stderr__.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))\n"
         f"sys.argv = ['signoff', *{list(args)!r}]\n"
-        "from signoff.app.entry import main\n"
-        "main()\n"
+        "from _signoff_hooks_entry import server\n"
+        "server()\n"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
     done = subprocess.run(

@@ -33,7 +33,14 @@ def _make_run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     fake.chmod(0o755)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "MAKE"))}
     return subprocess.run(
-        ["make", "--no-print-directory", "run", f"BIN={bin_dir}", f"STAMP={tmp_path / 'stamp'}"],
+        [
+            "make",
+            "--no-print-directory",
+            "run",
+            f"BIN={bin_dir}",
+            f"STAMP={tmp_path / 'stamp'}",
+            f"RUN_STAMP={tmp_path / 'stamp'}",
+        ],
         cwd=tmp_path,
         env={**clean, "HOME": str(tmp_path), **env},
         capture_output=True,

@@ -182,7 +182,7 @@ def test_config_check_wants_the_approvers_of_an_email_gate_listed() -> None:
         ConfigError, match=r"approvers: the email channel 'mail' sends each approver a message"
     ):
         parse_config(_raw([], {}), source="signoff.yaml")
-    with pytest.raises(ConfigError, match=r"'not-an-address' is neither in people nor a email user id"):
+    with pytest.raises(ConfigError, match=r"'not-an-address' is neither in people nor an email user id"):
         parse_config(_raw(["not-an-address"], {}), source="signoff.yaml")
 
 

@@ -27,6 +27,7 @@ from signoff.app.db import transaction
 from signoff.app.keys import create_key
 from signoff.app.models import ConfirmationRequest, Status
 from signoff.app.operators import decide
+from signoff.app.requests.eligibility import gates_of
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
 from tests.conftest import Server, free_port
@@ -153,7 +154,7 @@ async def test_example_allows_a_small_payment_and_waits_for_approval_of_a_large_
     assert request.id == request_id
     assert request.status == Status.PENDING
     assert request.agent_id == "demo-agent"
-    assert request.gate["name"] == "large payments"
+    assert [g.name for g in gates_of(request)] == ["large payments"]
     assert re.fullmatch(key_pattern, request.idempotency_key or ""), request.idempotency_key
 
     await vote(runtime, request_id, Verdict.APPROVE)

@@ -392,14 +392,19 @@ async def test_an_edited_approval_replayed_with_other_metadata_does_not_pass_a_g
 
 # --- Slack: a view_submission whose private_metadata was forged -----------------------------------
 
-from tests.channels.conftest import _no_proxy, fake_slack  # noqa: E402, F401  (fixtures)
+from tests.channels.conftest import (  # noqa: E402, F401  (fixtures)
+    _no_proxy,
+    fake_slack,
+    slack_server,
+    slack_settings,
+)
 from tests.channels.fake_slack import FakeSlack  # noqa: E402
 from tests.channels.test_edit_choices import (  # noqa: E402
     SLACK,
     open_modal,
     posted_buttons,
     pre,
-    slack_server,  # noqa: F401  (fixture)
+    slack_gates,  # noqa: F401  (fixture: the edit gates slack_server runs)
     state,
     submission,
 )
