@@ -401,5 +401,6 @@ async def test_every_page_at_phone_and_desktop_widths(
             wrong.append(await shoot(page, f"{width}-{name}", tmp_path))
 
     assert [p.seen for p in problems] == [[], []]
+    assert [w for w in wrong if w] == []
     for ctx in contexts.values():
         await ctx.close()
