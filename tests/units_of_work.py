@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import Pool
 
 from signoff.app.runtime import Runtime
 
@@ -79,18 +80,36 @@ def engines(runtime: Runtime) -> list[Engine]:
     return found
 
 
+_counting: dict[Pool, Tally] = {}
+"""The tally each engine's statements go to, by the engine's pool (an engine with options,
+as PostgreSQL's reads are, shares its pool)."""
+
+
+# Listened for once, on the class, as this module is imported (collection, before any engine
+# exists): adding a listener to an engine while another task is inside its ``begin`` (SQLite's
+# writers await their BEGIN from a listener) breaks that task's iteration over the listeners.
+@event.listens_for(Engine, "begin")
+def _begin(conn: Connection) -> None:
+    if (tally := _counting.get(conn.engine.pool)) is not None:
+        tally.begin(conn)
+
+
+@event.listens_for(Engine, "before_cursor_execute")
+def _statement(conn: Connection, cursor: object, sql: str, *rest: object) -> None:
+    if (tally := _counting.get(conn.engine.pool)) is not None:
+        tally.statement(conn, cursor, sql, *rest)
+
+
 @contextmanager
 def counting(runtime: Runtime) -> Iterator[Tally]:
-    """Count the runtime's units of work while the block runs.
-
-    The listeners stay on the runtime's engines afterwards, counting nothing: removing one
-    while another task is inside the engine's ``begin`` (SQLite's writers await their BEGIN
-    from a listener) breaks that task's iteration over the listeners."""
+    """Count the runtime's units of work while the block runs."""
     tally = Tally()
-    for target in engines(runtime):
-        event.listen(target, "begin", tally.begin)
-        event.listen(target, "before_cursor_execute", tally.statement)
+    pools = [e.pool for e in engines(runtime)]
+    for pool in pools:
+        _counting[pool] = tally
     try:
         yield tally
     finally:
         tally.active = False
+        for pool in pools:
+            _counting.pop(pool, None)
