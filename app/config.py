@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -421,12 +422,62 @@ def _loc(loc: Iterable[int | str]) -> str:
     return out
 
 
-def _errors(exc: ValidationError, prefix: str) -> list[str]:
+def _step(tp: Any, part: int | str) -> Any:
+    """What is found at ``part`` of a value of type ``tp`` (None: not known): a model's
+    field, a mapping's value, a sequence's item, or the member of a union of models whose
+    ``type`` is ``part`` (how pydantic names a discriminated union's member)."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    args = get_args(tp)
+    if get_origin(tp) in (Union, UnionType):
+        members = [m for m in args if m is not type(None)]
+        if len(members) == 1:
+            return _step(members[0], part)
+        for member in members:
+            kind = getattr(member, "model_fields", {}).get("type")
+            if kind is not None and kind.default == part:
+                return member
+        return None
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        field = tp.model_fields.get(str(part))
+        return field.annotation if field is not None else None
+    if get_origin(tp) in (dict, Mapping) and len(args) == 2:
+        return args[1]
+    if get_origin(tp) in (tuple, list) and args:
+        return args[0]
+    return None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the mapping at ``loc`` under ``model`` accepts (none known: ``[]``)."""
+    tp: Any = model
+    for part in loc:
+        tp = _step(tp, part)
+    while get_origin(tp) in (Annotated, Union, UnionType):
+        members = [m for m in get_args(tp) if m is not type(None)]
+        tp = members[0] if len(members) == 1 or get_origin(tp) is Annotated else None
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [f.alias or name for name, f in tp.model_fields.items()]
+    return []
+
+
+def _unknown_key(key: str, known: list[str]) -> str:
+    meant = closest(key, known)
+    hint = f"did you mean `{meant}`?" if meant else ""
+    listed = f"the keys here are {', '.join(f'`{k}`' for k in known)}" if known else ""
+    return "unknown key" + "".join(f"; {part}" for part in (hint, listed) if part)
+
+
+def _errors(exc: ValidationError, prefix: str, model: type[BaseModel]) -> list[str]:
     problems = []
     for err in exc.errors():
         where = _loc(err["loc"])
         where = f"{prefix}.{where}" if prefix and where else prefix or where
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "missing: this key is required"
+        elif err["type"] == "extra_forbidden" and err["loc"]:
+            msg = _unknown_key(str(err["loc"][-1]), _keys_at(model, tuple(err["loc"][:-1])))
         if err["type"] in ("union_tag_not_found", "union_tag_invalid"):
             known = ", ".join(HOOK_TYPES)
             given = (
@@ -599,7 +650,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
     try:
         doc = _File.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError([f"{source}: {p}" for p in _errors(exc, "")]) from None
+        raise ConfigError([f"{source}: {p}" for p in _errors(exc, "", _File)]) from None
 
     channels: dict[str, ChannelConfig] = {
         "web": cast(ChannelConfig, CHANNEL_TYPES["web"].config.model_validate({"type": "web"}))
@@ -613,7 +664,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         try:
             channels[name] = cast(ChannelConfig, CHANNEL_TYPES[kind].config.model_validate(body))
         except ValidationError as exc:
-            problems.extend(_errors(exc, f"channels.{name}"))
+            problems.extend(_errors(exc, f"channels.{name}", CHANNEL_TYPES[kind].config))
 
     problems.extend(
         f"webhooks.{name}: a webhook's name is letters, digits, `.`, `_` and `-` (at most 200)"

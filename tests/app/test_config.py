@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, SecretStr
 from typer.testing import CliRunner
@@ -168,14 +168,14 @@ def test_unknown_field_in_a_channel(tmp_path: Path) -> None:
     body = doc()
     body["channels"]["chat"]["colour"] = "blue"
     path, problems = problems_of(tmp_path, body)
-    assert problems[0] == f"{path}: channels.chat.colour: Extra inputs are not permitted"
+    assert problems[0].startswith(f"{path}: channels.chat.colour: unknown key; the keys here are `type`")
 
 
 def test_an_invalid_channel_is_not_also_reported_as_missing(tmp_path: Path) -> None:
     """The gate's channel exists but is invalid: report the channel, not "no channel named"."""
     body = doc()
     body["channels"]["chat"]["colour"] = "blue"
-    assert_one_problem(tmp_path, body, "channels.chat.colour", "Extra inputs are not permitted")
+    assert_one_problem(tmp_path, body, "channels.chat.colour", "unknown key")
 
 
 def test_gate_naming_an_unknown_channel(tmp_path: Path) -> None:
@@ -306,11 +306,13 @@ def test_unknown_hook_type(tmp_path: Path) -> None:
 
 
 def test_unknown_field_in_a_gate(tmp_path: Path) -> None:
-    assert_one_problem(tmp_path, doc(gate(approver=["alice"])), f"{AGENT}.approver", "Extra inputs")
+    assert_one_problem(
+        tmp_path, doc(gate(approver=["alice"])), f"{AGENT}.approver", "unknown key; did you mean `approvers`?"
+    )
 
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:
-    assert_one_problem(tmp_path, doc(chanels={}), "chanels", "Extra inputs are not permitted")
+    assert_one_problem(tmp_path, doc(chanels={}), "chanels", "unknown key; did you mean `channels`?")
 
 
 def test_top_level_that_is_not_a_mapping(tmp_path: Path) -> None:
@@ -746,7 +748,7 @@ def test_config_check_lists_every_problem_on_stderr(tmp_path: Path) -> None:
     assert len(lines) == 3
     assert f"{path}: {AGENT}.quorum: Input should be greater than or equal to 1" in lines
     assert any(line.startswith(f"{path}: agents.finance-bot.hooks[1].timeout: 'soon'") for line in lines)
-    assert f"{path}: bogus: Extra inputs are not permitted" in lines
+    assert any(line.startswith(f"{path}: bogus: unknown key; the keys here are `channels`") for line in lines)
 
 
 @pytest.mark.usefixtures("feishu_secret")
@@ -803,7 +805,7 @@ def test_config_check_real_command(tmp_path: Path) -> None:
             "grants[0].scope: Input should be 'session' or 'agent'",
         ),
         ({"grants": [{"scope": "session", "for": "1 hour"}]}, "grants[0].for: '1 hour' is not a duration"),
-        ({"grants": [{"scope": "session"}]}, "grants[0].for: Field required"),
+        ({"grants": [{"scope": "session"}]}, "grants[0].for: missing: this key is required"),
         (
             {"grants": [{"scope": "session", "for": "1h", "same": ["to", "to"]}]},
             "grants[0].same: to named more than once",
@@ -823,7 +825,7 @@ def test_config_check_real_command(tmp_path: Path) -> None:
         ({"grants": {"scope": "agent", "for": "1h"}}, "grants: a list of grants"),
         (
             {"grants": [{"scope": "agent", "for": "1h", "until": "x"}]},
-            "grants[0].until: Extra inputs are not permitted",
+            "grants[0].until: unknown key",
         ),
         ({"approval_valid_for": "soon"}, "approval_valid_for: 'soon' is not a duration"),
     ],
@@ -968,7 +970,7 @@ def test_reminders_and_escalations_load() -> None:
         (
             {"escalate": [{"after": "10m", "channel": "pager", "to": ["carol"]}]},
             f"{AGENT}.escalate[0].to",
-            ("Extra inputs are not permitted",),
+            ("unknown key",),
         ),
     ],
 )
@@ -1055,3 +1057,36 @@ def test_a_misspelt_channel_lists_the_channels_and_an_email_id_takes_its_article
         "s.yaml: agents.bot.hooks[1].approvers[0]: 'alcie' is neither in people nor an email user id; "
         "did you mean 'alice'?",
     ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_misspelt_key_is_named_with_the_key_it_misspells(data: st.DataObject) -> None:
+    """Any key of a gate, the top level or an agent with one letter dropped or doubled is
+    refused as an unknown key, naming the key it misspells and listing those allowed there."""
+    spots: list[tuple[list[str], str, list[str]]] = [
+        (
+            ["agents", "finance-bot", "hooks", "0"],
+            "agents.finance-bot.hooks[0]",
+            sorted(ConfirmationGate.model_fields),
+        ),
+        ([], "", ["agents", "channels", "operators", "people", "redact", "version", "webhooks"]),
+        (["agents", "finance-bot"], "agents.finance-bot", ["hooks", "redact"]),
+    ]
+    path, where, keys = data.draw(st.sampled_from(spots))
+    key = data.draw(st.sampled_from([k for k in keys if len(k) > 4]))
+    i = data.draw(st.integers(1, len(key) - 1))
+    typo = data.draw(st.sampled_from([key[:i] + key[i + 1 :], key[:i] + key[i] + key[i:]]))
+    assume(typo not in keys)
+    body = doc()
+    node: Any = body
+    for part in path:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    node[typo] = node.get(key, 1)
+    with pytest.raises(ConfigError) as info:
+        parse_config(body)
+    [problem] = [p for p in info.value.problems if f"{typo}:" in p]
+    assert problem.startswith(
+        f"<config>: {where + '.' if where else ''}{typo}: unknown key; did you mean `{key}`?"
+    )
+    assert all(f"`{k}`" in problem for k in keys)
