@@ -18,7 +18,7 @@ from signoff.app.config import parse_config
 from signoff.app.db import transaction
 from signoff.app.models import AuditEvent, Delivery, Vote
 from signoff.app.outbox import Dispatcher
-from signoff.app.requests.eligibility import NOT_HERE
+from signoff.app.requests.eligibility import NOT_HERE, OWN_CALL
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from tests.app.factories import make_request
@@ -288,5 +288,118 @@ async def test_reminders_reply_in_the_cards_thread_mentioning_who_has_not_voted(
             assert req.id in reply["text"]
             [call] = [c for c in fake.calls_to("POST", "/activities") if ";messageid=" in c.path]
             assert f"{CONVERSATION};messageid={card_id}" in call.path
+    finally:
+        await runtime.aclose()
+
+
+async def test_self_approval_is_refused_by_directory_and_by_the_members_email(
+    fake: FakeBotFramework, settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_headers: dict[str, str]
+) -> None:
+    from signoff.app.audit import Actor
+    from signoff.app.keys import create_key
+    from tests.channels.teams_fake import PASSWORD
+
+    monkeypatch.setenv("TEAMS_APP_PASSWORD", PASSWORD)
+    raw = teams_config(fake)
+    raw["agents"]["finance-bot"]["hooks"].append(
+        {
+            "type": "confirmation_gate",
+            "name": "open",
+            "tools": ["open_*"],
+            "channel": CHANNEL,
+            "timeout": "30m",
+        }
+    )
+    runtime = Runtime.create(settings, parse_config(raw))
+    try:
+        async with Server(runtime, background=True) as server, httpx.AsyncClient(base_url=server.url) as http:
+            async with transaction(runtime.sessions) as s:
+                _, key = await create_key(s, "finance-bot", actor=Actor("test"))
+            agent = {"Authorization": f"Bearer {key}"}
+
+            async def request(tool: str, user: str) -> str:
+                answer = await http.post(
+                    "/v1/hooks/pre-tool-use",
+                    json={"tool_name": tool, "arguments": {"amount": 90000}, "user_id": user},
+                    headers=agent,
+                )
+                return str(answer.json()["request_id"])
+
+            # Alice asked (by her directory key), Alice clicks: refused.
+            mine = await request("pay_invoice", "alice")
+            await eventually(lambda: len(fake.messages) >= 1 or None)
+            body, headers = fake.invoke(fake.activity(mine, "approve", aad=ALICE))
+            answer = (await http.post(f"/callbacks/teams/{CHANNEL}", content=body, headers=headers)).json()
+            assert OWN_CALL in json.dumps(answer["value"])
+            # Asked for dana@example.com (nobody in the directory); the clicker is not in it
+            # either, so only Teams can say who they are: their email is Dana's.
+            fake.members[MALLORY] = {
+                "id": "29:1dana",
+                "name": "Dana",
+                "aadObjectId": MALLORY,
+                "email": "dana@example.com",
+            }
+            hers = await request("open_door", "dana@example.com")
+            await eventually(lambda: len(fake.messages) >= 2 or None)
+            body, headers = fake.invoke(fake.activity(hers, "approve", aad=MALLORY, name="Dana"))
+            answer = (await http.post(f"/callbacks/teams/{CHANNEL}", content=body, headers=headers)).json()
+            assert OWN_CALL in json.dumps(answer["value"])
+            assert fake.calls_to("GET", f"/members/{MALLORY}")
+            for rid in (mine, hers):
+                state = (await http.get(f"/v1/requests/{rid}", headers=agent)).json()
+                assert state["status"] == "pending"
+                assert state["votes"] == []
+    finally:
+        await runtime.aclose()
+
+
+async def test_several_gates_each_decide_on_their_own_card_and_every_copy_is_redrawn(
+    fake: FakeBotFramework, settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_headers: dict[str, str]
+) -> None:
+    from signoff.app.audit import Actor
+    from signoff.app.keys import create_key
+    from signoff.channels.fake import FakeChannel
+    from tests.channels.teams_fake import PASSWORD
+
+    monkeypatch.setenv("TEAMS_APP_PASSWORD", PASSWORD)
+    raw = teams_config(fake)
+    raw["agents"]["finance-bot"]["hooks"].append(
+        {
+            "type": "confirmation_gate",
+            "name": "treasury",
+            "tools": ["pay_*"],
+            "channel": "chat",
+            "approvers": ["carol"],
+            "timeout": "30m",
+        }
+    )
+    chat = FakeChannel("chat")
+    runtime = Runtime.create(settings, parse_config(raw), channels={"chat": chat})
+    try:
+        async with Server(runtime, background=True) as server, httpx.AsyncClient(base_url=server.url) as http:
+            async with transaction(runtime.sessions) as s:
+                _, key = await create_key(s, "finance-bot", actor=Actor("test"))
+            rid = await ask(http, key)
+            [card_id] = await posted(fake)
+            assert "Reviews (every one must approve)" in json.dumps(fake.card(card_id))
+            # Carol is not an approver of the Teams card's gate: her click there does not count.
+            body, headers = fake.invoke(fake.activity(rid, "approve", aad=CAROL, reply_to=card_id))
+            answer = (await http.post(f"/callbacks/teams/{CHANNEL}", content=body, headers=headers)).json()
+            assert executes(answer["value"])
+            body, headers = fake.invoke(fake.activity(rid, "approve", aad=ALICE, reply_to=card_id))
+            answer = (await http.post(f"/callbacks/teams/{CHANNEL}", content=body, headers=headers)).json()
+            assert "payments: 1 of 1 (Alice) ✓" in json.dumps(answer["value"], ensure_ascii=False)
+            state = (await http.get(f"/v1/requests/{rid}", headers={"Authorization": f"Bearer {key}"})).json()
+            assert state["status"] == "pending"  # treasury has not approved
+            decided = await http.post(
+                f"/v1/admin/requests/{rid}/decision",
+                json={"verdict": "approve", "operator": "carol"},
+                headers=admin_headers,
+            )
+            assert decided.status_code == 200, decided.text
+            await eventually(
+                lambda: (fake.calls_to("PUT", card_id) and not executes(fake.card(card_id))) or None
+            )
+            await eventually(lambda: [c for c in chat.cards_for(rid) if c.status == "approved"] or None)
     finally:
         await runtime.aclose()
