@@ -158,8 +158,8 @@ def _data(card: Card, **extra: Any) -> dict[str, Any]:
 
 def _arguments(card: Card, view: ArgumentsView) -> list[dict[str, Any]]:
     if not view.fields:
-        return [_label("**Arguments**: none")]
-    elements: list[dict[str, Any]] = [_label("**Arguments**", spacing="Medium")]
+        return [_label("Arguments: none", weight="Bolder", spacing="Medium")]
+    elements: list[dict[str, Any]] = [_label("Arguments", weight="Bolder", spacing="Medium")]
     if view.complete:
         elements.append(_runs(*(line.text for line in view.lines), monospace=True))
     if view.notice is not None:
