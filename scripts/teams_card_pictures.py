@@ -1,7 +1,8 @@
 """Draw the Teams cards in docs/teams.md from the exact Adaptive Cards the Teams channel posts.
 
     npm install --prefix /tmp/ac adaptivecards@3
-    .venv/bin/python scripts/teams_card_pictures.py --renderer /tmp/ac/node_modules/adaptivecards/dist/adaptivecards.js
+    .venv/bin/python scripts/teams_card_pictures.py \
+        --renderer /tmp/ac/node_modules/adaptivecards/dist/adaptivecards.js
 
 Builds sample cards, renders them with ``signoff.channels.teams`` (the code that posts them),
 lays the JSON out with Microsoft's own Adaptive Cards renderer (the ``adaptivecards`` npm
@@ -27,9 +28,6 @@ ALICE, BOB = Person("Alice Liu", "0a11ce00-0000-4000-8000-000000000001"), Person
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8">
 <style>body{margin:0;padding:16px;background:#f5f5f5;font-family:"Segoe UI",system-ui,sans-serif}
-.ac-pushButton{padding:6px 14px;margin:2px;border:1px solid #c7c7c7;border-radius:4px;background:#fff;font:inherit}
-.ac-pushButton.style-positive{background:#5b5fc7;color:#fff;border-color:#5b5fc7}
-.ac-pushButton.style-destructive{color:#c4314b}
 #card{width:560px;background:#fff;border-radius:6px;box-shadow:0 1px 3px rgba(0,0,0,.2);padding:4px}</style>
 <style>%s</style><script>%s</script></head><body><div id="card"></div><script>
 const card = new AdaptiveCards.AdaptiveCard();
