@@ -403,3 +403,46 @@ async def test_several_gates_each_decide_on_their_own_card_and_every_copy_is_red
             await eventually(lambda: [c for c in chat.cards_for(rid) if c.status == "approved"] or None)
     finally:
         await runtime.aclose()
+
+
+async def test_an_escalation_posts_the_card_in_another_conversation_where_it_decides(
+    fake: FakeBotFramework, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from signoff.app.models import utcnow
+    from tests.channels.teams_fake import PASSWORD
+
+    pager = "19:pager0000000000000000@thread.tacv2"
+    fake.conversations.add(pager)
+    monkeypatch.setenv("TEAMS_APP_PASSWORD", PASSWORD)
+    raw = teams_config(fake)
+    raw["channels"]["pager-teams"] = fake.config(app_password="${TEAMS_APP_PASSWORD}", conversation_id=pager)
+    raw["agents"]["finance-bot"]["hooks"][0]["approvers"] = ["alice"]
+    raw["agents"]["finance-bot"]["hooks"][0]["escalate"] = [
+        {"after": "10m", "channel": "pager-teams", "approvers": ["carol"]}
+    ]
+    runtime = Runtime.create(settings, parse_config(raw))
+    dispatcher = Dispatcher(runtime.sessions, runtime.channels, lambda: runtime.config, wake=asyncio.Event())
+    try:
+        async with Server(runtime) as server, httpx.AsyncClient(base_url=server.url) as http:
+            async with transaction(runtime.sessions) as s:
+                req = await make_request(
+                    s,
+                    runtime.config,
+                    tool="pay_x",
+                    arguments={"amount": 90000},
+                    now=utcnow() - timedelta(minutes=11),
+                )
+            await dispatcher.run_once(now=utcnow())
+            cards = {conversation: activity for (conversation, activity) in fake.messages}
+            assert set(cards) == {CONVERSATION, pager}
+            # Carol decides on the escalated card, in its own conversation.
+            body, headers = fake.invoke(
+                fake.activity(req.id, "approve", aad=CAROL, conversation=pager, reply_to=cards[pager])
+            )
+            answer = (await http.post("/callbacks/teams/pager-teams", content=body, headers=headers)).json()
+            assert executes(answer["value"]) == []
+            await dispatcher.run_once(now=utcnow())
+            for conversation, activity in cards.items():
+                assert executes(fake.card(activity, conversation)) == [], conversation
+    finally:
+        await runtime.aclose()
