@@ -433,7 +433,7 @@ async def test_an_escalation_posts_the_card_in_another_conversation_where_it_dec
                     now=utcnow() - timedelta(minutes=11),
                 )
             await dispatcher.run_once(now=utcnow())
-            cards = dict(fake.messages)
+            cards = dict(fake.messages.keys())
             assert set(cards) == {CONVERSATION, pager}
             # Carol decides on the escalated card, in its own conversation.
             body, headers = fake.invoke(
