@@ -460,3 +460,40 @@ def test_config_check_knows_the_type_and_says_what_is_wrong() -> None:
     bad["channels"]["ops-teams"] = base
     with pytest.raises(ConfigError, match="'bob' has no teams id in people; add `teams: <user id>`"):
         parse_config(bad, source="s.yaml")
+
+
+def test_the_config_and_cards_import_without_pyjwt() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import sys
+sys.modules["jwt"] = None  # what an install without the teams extra looks like
+import signoff.channels.teams as teams
+config = teams.TeamsConfig.model_validate(CONFIG)
+teams.render_card  # the pure functions are usable too
+try:
+    teams.create("ops", config)
+except ImportError as exc:
+    print(exc)
+""".replace(
+        "CONFIG",
+        repr(
+            {
+                "type": "teams",
+                "app_id": APP_ID,
+                "app_password": "s",
+                "tenant_id": TENANT,
+                "conversation_id": "19:a@thread.v2",
+            }
+        ),
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "pip install 'signoff[teams]'" in result.stdout
