@@ -38,6 +38,7 @@ __all__ = [
     "REFRESH_COOLDOWN",
     "BotToken",
     "InvokeVerifier",
+    "Verified",
     "bearer_token",
     "retry_after",
 ]
@@ -74,6 +75,26 @@ class _Keys:
     fetched: float
 
 
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A token whose signature, issuer, audience and validity have been checked."""
+
+    claims: Mapping[str, Any]
+    endorsements: frozenset[str] | None
+    """The channels its signing key endorses (None: the key lists none)."""
+
+    def check_activity(self, *, service_url: object, channel_id: object) -> None:
+        """That the activity the token came with was sent through the ``serviceurl`` the token
+        names, on a channel its key endorses; :class:`CallbackRejected` if not."""
+        claimed = self.claims.get("serviceurl", self.claims.get("serviceUrl"))
+        if not isinstance(claimed, str) or not isinstance(service_url, str):
+            raise CallbackRejected("bearer token or activity names no serviceUrl")
+        if claimed.rstrip("/") != service_url.rstrip("/"):
+            raise CallbackRejected("activity serviceUrl differs from the token's")
+        if self.endorsements is not None and channel_id not in self.endorsements:
+            raise CallbackRejected("signing key does not endorse the activity's channel", status_code=403)
+
+
 class InvokeVerifier:
     """Verifies the Bot Framework JWT of a request to the messaging endpoint.
 
@@ -97,9 +118,10 @@ class InvokeVerifier:
         self._keys: _Keys | None = None
         self._lock = asyncio.Lock()
 
-    async def verify(self, token: str, *, service_url: object, channel_id: object) -> dict[str, Any]:
-        """The claims of ``token`` once it is verified for an activity sent through
-        ``service_url`` on ``channel_id``; :class:`CallbackRejected` saying why it is not."""
+    async def verify(self, token: str) -> Verified:
+        """``token`` verified on its own (signature, issuer, audience, validity); the activity's
+        part (:meth:`Verified.check_activity`) follows once the body is read. Raises
+        :class:`CallbackRejected` saying why it is refused."""
         try:
             header = jwt.get_unverified_header(token)
         except InvalidTokenError:
@@ -141,14 +163,7 @@ class InvokeVerifier:
             raise CallbackRejected("bearer token expired")
         if nbf is not None and (not isinstance(nbf, int | float) or nbf - LEEWAY_SECONDS > now):
             raise CallbackRejected("bearer token not valid yet")
-        claimed = claims.get("serviceurl", claims.get("serviceUrl"))
-        if not isinstance(claimed, str) or not isinstance(service_url, str):
-            raise CallbackRejected("bearer token or activity names no serviceUrl")
-        if claimed.rstrip("/") != service_url.rstrip("/"):
-            raise CallbackRejected("activity serviceUrl differs from the token's")
-        if endorsements is not None and channel_id not in endorsements:
-            raise CallbackRejected("signing key does not endorse the activity's channel", status_code=403)
-        return claims
+        return Verified(claims, endorsements)
 
     async def _keys_with(self, kid: str) -> _Keys:
         """The cached keys, fetched when there are none, when they are old, or when they do not

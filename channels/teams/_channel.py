@@ -208,24 +208,23 @@ class TeamsChannel:
     ) -> CallbackReply:
         """Verify the Bot Framework JWT, then apply an ``adaptiveCard/action`` invoke.
 
-        The token is checked before the activity is read beyond its ``serviceUrl`` and
-        ``channelId`` (which the token must match). The invoke is answered with the card as
-        it stands after the click, with a line for the clicker when it did not count; other
-        verified activities (the bot added to a team, a message to it) are acknowledged and
-        their conversation id logged, for setting ``conversation_id``.
+        The token is checked (signature, issuer, audience, validity) before the body is
+        read at all; then the activity's ``serviceUrl`` and ``channelId`` against it. The
+        invoke is answered with the card as it stands after the click, with a line for the
+        clicker when it did not count. Other verified activities (the bot added to a team,
+        a message to it) are acknowledged and their conversation id logged, for setting
+        ``conversation_id``.
         """
         if len(body) > MAX_BODY_BYTES:
             raise CallbackRejected("activity too large", status_code=413)
-        token = bearer_token(headers)
+        verified = await self._verifier.verify(bearer_token(headers))
         try:
             activity = json.loads(body)
         except (ValueError, RecursionError):
             raise CallbackRejected("activity is not JSON", status_code=400) from None
         if not isinstance(activity, dict):
             raise CallbackRejected("activity is not an object", status_code=400)
-        await self._verifier.verify(
-            token, service_url=activity.get("serviceUrl"), channel_id=activity.get("channelId")
-        )
+        verified.check_activity(service_url=activity.get("serviceUrl"), channel_id=activity.get("channelId"))
         if activity.get("type") != "invoke" or activity.get("name") != "adaptiveCard/action":
             conversation = activity.get("conversation")
             where = conversation.get("id") if isinstance(conversation, dict) else None
