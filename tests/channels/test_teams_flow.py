@@ -446,3 +446,30 @@ async def test_an_escalation_posts_the_card_in_another_conversation_where_it_dec
                 assert executes(fake.card(activity, conversation)) == [], conversation
     finally:
         await runtime.aclose()
+
+
+async def test_a_click_on_an_expired_or_cancelled_request_answers_the_card_in_that_state(
+    fake: FakeBotFramework, teams_server: tuple[Server, httpx.AsyncClient], agent_key: str
+) -> None:
+    _, http = teams_server
+    agent = {"Authorization": f"Bearer {agent_key}"}
+    url = f"/callbacks/teams/{CHANNEL}"
+    expiring = await ask(http, agent_key, tool="quick_fix", n=1)  # the gate's timeout is 1 s
+    cancelled = await ask(http, agent_key, tool="pay_invoice", amount=90000)
+    assert (await http.post(f"/v1/requests/{cancelled}/cancel", headers=agent)).status_code == 200
+
+    for _ in range(200):
+        if (await http.get(f"/v1/requests/{expiring}", headers=agent)).json()["status"] == "expired":
+            break
+        await asyncio.sleep(0.05)
+    for rid, state, words in (
+        (expiring, "Expired", "already expired"),
+        (cancelled, "Cancelled", "already cancelled"),
+    ):
+        body, headers = fake.invoke(fake.activity(rid, "approve", aad=ALICE))
+        answer = await http.post(url, content=body, headers=headers)
+        assert answer.status_code == 200
+        card = answer.json()["value"]
+        assert card["body"][0]["text"] == state
+        assert words in json.dumps(card)
+        assert executes(card) == []
