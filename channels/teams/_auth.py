@@ -295,19 +295,19 @@ class BotToken:
             token, lifetime = body.get("access_token"), body.get("expires_in")
             if response.status_code != 200 or not isinstance(token, str) or not token:
                 error = body.get("error") or f"HTTP {response.status_code}"
-                detail = str(body.get("error_description") or "").splitlines()[0:1]
+                lines = str(body.get("error_description") or "").splitlines()
+                detail = f": {lines[0][:200]}" if lines else ""
                 hint = (
                     " - check app_id, app_password and tenant_id"
                     if error in ("invalid_client", "unauthorized_client", "invalid_request")
                     else ""
                 )
-                raise PermanentDeliveryError(
-                    f"Teams token request refused ({error}{': ' + detail[0][:200] if detail else ''}){hint}"
-                )
-            seconds = (
-                float(lifetime)
-                if isinstance(lifetime, int | float | str) and str(lifetime).isdigit()
-                else 3600.0
-            )
+                raise PermanentDeliveryError(f"Teams token request refused ({error}{detail}){hint}")
+            # The endpoint always says (as a number; some proxies pass it as a string); an hour is
+            # what it gives.
+            try:
+                seconds = float(str(lifetime)) if isinstance(lifetime, int | float | str) else 3600.0
+            except ValueError:
+                seconds = 3600.0
             self._token = (token, self._clock() + max(seconds - _TOKEN_MARGIN, 30.0))
             return token
