@@ -105,6 +105,9 @@ async def test_a_teams_gate_end_to_end_through_signoff_serve(fake: FakeBotFramew
             await eventually(lambda: fake.calls_to("PUT", card_id) or None, timeout=30)
             assert "Approved once by Alice" in json.dumps(fake.card(card_id))
 
+            shown = (await http.get("/v1/admin/config", headers=admin)).text
+            assert "ops-teams" in shown
+            assert PASSWORD not in shown  # the client secret is masked
             events = (await http.get("/v1/admin/audit", params={"request_id": rid}, headers=admin)).json()
             [voted] = [e for e in events if e["action"] == "vote"]
             assert (voted["actor_channel"], voted["actor_id"], voted["actor_name"]) == (
