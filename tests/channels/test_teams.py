@@ -497,3 +497,27 @@ except ImportError as exc:
         check=True,
     )
     assert "pip install 'signoff[teams]'" in result.stdout
+
+
+async def test_a_slow_click_is_answered_in_time_and_a_failed_one_says_so(fake: FakeBotFramework) -> None:
+    channel = TeamsChannel("ops-teams", TeamsConfig.model_validate(fake.config()), reply_budget=0.05)
+    try:
+        slow = RecordingHandler(delay=0.5)
+        reply = await channel.handle_callback(*fake.invoke(fake.activity("r1", aad=ALICE)), slow)
+        assert reply.body == {
+            "statusCode": 200,
+            "type": "application/vnd.microsoft.activity.message",
+            "value": "Recording your decision; the card will update shortly.",
+        }
+        broken = RecordingHandler(error=RuntimeError("database down"))
+        reply = await channel.handle_callback(*fake.invoke(fake.activity("r2", aad=ALICE)), broken)
+        assert reply.body is not None
+        assert reply.body["value"] == "Your click could not be recorded; try again."
+        # A replay of the failed invoke tries again rather than repeating the failure.
+        fixed = RecordingHandler()
+        again = fake.invoke(fake.activity("r3", aad=ALICE, activity_id="f:7"))
+        await channel.handle_callback(*again, broken)
+        await channel.handle_callback(*again, fixed)
+        assert len(fixed.clicks) == 1
+    finally:
+        await channel.aclose()
