@@ -7,7 +7,7 @@ COPY channels ./channels
 COPY hooks ./hooks
 COPY migrations ./migrations
 COPY examples ./examples
-RUN pip install --no-cache-dir ./hooks ".[slack,feishu,email]" \
+RUN pip install --no-cache-dir ./hooks ".[slack,feishu,email,teams]" \
     && useradd --system --home /var/lib/signoff signoff \
     && mkdir -p /var/lib/signoff && chown signoff /var/lib/signoff
 

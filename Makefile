@@ -27,7 +27,7 @@ $(RUN_STAMP): pyproject.toml hooks/pyproject.toml
 		echo "==> installing Signoff into $(VENV)"; \
 		test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
 		$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1" && \
-		$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email]"; \
+		$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email,teams]"; \
 	fi
 	@rm -f $(VENV)/.installed-run-* && touch $@
 
@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml hooks/pyproject.toml
 	@echo "==> installing Signoff and its development tools into $(VENV)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	@$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email]" --group dev
+	@$(BIN)/python -m pip install --quiet -e ./hooks -e ".[slack,feishu,email,teams]" --group dev
 	@rm -f $(VENV)/.installed-* && touch $@ $(RUN_STAMP)
 
 # The admin token is the operator API's password: readable by its owner alone (0600).

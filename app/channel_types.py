@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from signoff.channels import Channel, Identity, email, fake, feishu, slack, web
+from signoff.channels import Channel, Identity, email, fake, feishu, slack, teams, web
 from signoff.channels.email import LinkSigner
 
 __all__ = [
@@ -45,6 +45,7 @@ CHANNEL_TYPES: dict[str, ChannelType] = {
     "fake": ChannelType(fake.FakeConfig, fake.create, fake.IDENTITY, chat=True),
     "feishu": ChannelType(feishu.FeishuConfig, feishu.create, feishu.IDENTITY, chat=True),
     "slack": ChannelType(slack.SlackConfig, slack.create, slack.IDENTITY, chat=True),
+    "teams": ChannelType(teams.TeamsConfig, teams.create, teams.IDENTITY, chat=True),
     "email": ChannelType(email.EmailConfig, identity=email.IDENTITY, create_linked=email.create),
 }
 

@@ -485,13 +485,37 @@ CHANNEL_BODIES: dict[str, dict[str, Any]] = {
         "chat_id": "oc_x",
     },
     "email": {"type": "email", "smtp_url": "smtps://u:p@mail.example.com:465", "from": "signoff@example.com"},
+    "teams": {
+        "type": "teams",
+        "app_id": "6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+        "app_password": "teams-secret",
+        "tenant_id": "72f988bf-86f1-41af-91ab-2d7cd011db47",
+        "conversation_id": "19:ops@thread.tacv2",
+    },
 }
 """A valid channel of each registered type (a new type must be added here)."""
-RAW_IDS = {"slack": "U0BOB123", "feishu": "ou_bob1", "email": "bob@example.com"}
+RAW_IDS = {
+    "slack": "U0BOB123",
+    "feishu": "ou_bob1",
+    "email": "bob@example.com",
+    "teams": "0b0b0000-0000-4000-8000-0000000000b1",
+}
 """A raw user id of each type that gives its ids a form."""
 EVERYONE = {
-    "alice": {"slack": "U0ALICE", "feishu": "ou_alice1", "fake": "U_ALICE", "email": "alice@example.com"},
-    "bob": {"slack": "U0BOB", "feishu": "ou_bob", "fake": "U_BOB", "email": "bob@example.com"},
+    "alice": {
+        "slack": "U0ALICE",
+        "feishu": "ou_alice1",
+        "fake": "U_ALICE",
+        "email": "alice@example.com",
+        "teams": "0a11ce00-0000-4000-8000-0000000000a1",
+    },
+    "bob": {
+        "slack": "U0BOB",
+        "feishu": "ou_bob",
+        "fake": "U_BOB",
+        "email": "bob@example.com",
+        "teams": "0b0b0000-0000-4000-8000-0000000000b0",
+    },
 }
 OPERATORS = {
     "ops": {"password_hash": "$argon2id$x"},
