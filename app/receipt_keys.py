@@ -48,6 +48,8 @@ __all__ = [
 log = logging.getLogger("signoff.receipts")
 
 _KEYS: sa.Table = ReceiptKey.__table__  # type: ignore[attr-defined]
+_HELD: dict[str, SigningKey] = {}
+"""The operator's keys this process was given at start (:func:`prepare`), by id."""
 
 
 class KeyUnavailable(RuntimeError):
@@ -159,7 +161,7 @@ async def signing_key(session: AsyncSession, *, operator: SigningKey | None = No
         return key
     if row.private_key is not None:
         return _loaded(row.private_key)
-    held = operator or _from_settings()
+    held = operator or _HELD.get(row.kid) or _from_settings()
     if held is None or held.kid != row.kid:
         raise KeyUnavailable(
             f"the receipt key in use ({row.kid}) is held by the operator and this process was not "
@@ -198,6 +200,7 @@ async def prepare(sessions: async_sessionmaker[AsyncSession], operator: SigningK
     database's own when there is none yet. The id of the key in use."""
     async with transaction(sessions) as session:
         if operator is not None:
+            _HELD[operator.kid] = operator
             known = await session.get(ReceiptKey, operator.kid)
             await _retire_all(session, keep=operator.kid)
             if known is None:
