@@ -122,9 +122,9 @@ def operator_key(key: str | None, key_file: Path | None) -> SigningKey | None:
 
 
 def _from_settings() -> SigningKey | None:
-    from signoff.app.settings import get_settings
+    from signoff.app.settings import Settings
 
-    settings = get_settings()
+    settings = Settings()  # read now: a process's environment names the key it holds
     secret = settings.receipt_key.get_secret_value() if settings.receipt_key else None
     return operator_key(secret, settings.receipt_key_file)
 
