@@ -242,6 +242,7 @@ def serve(
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
             migrate(settings.database_url)
+    _receipt_key_in_use(settings)
     application = create_app(settings=settings)
     # What start-up made (modules, schemas, compiled queries) lives as long as the process:
     # kept out of the collector's passes, a full collection walks only what serving made
@@ -263,6 +264,23 @@ def serve(
         backlog=8192,
     )
     Server(listening, application.state.drain).run(sockets=[listener])
+
+
+def _receipt_key_in_use(settings: Settings) -> None:
+    """Refuse to serve when the receipts' key in use is the operator's and was not given."""
+    from signoff.app import receipt_keys
+
+    secret = settings.receipt_key.get_secret_value() if settings.receipt_key is not None else None
+    operator = receipt_keys.operator_key(secret, settings.receipt_key_file)
+
+    async def work(session: AsyncSession, settings: Settings) -> None:
+        if operator is None:
+            await receipt_keys.signing_key(session)
+
+    try:
+        _with_session(work)
+    except receipt_keys.KeyUnavailable as exc:
+        raise CliError(str(exc), 2) from None
 
 
 def _listen(host: str, port: int, *, given: bool) -> socket.socket:

@@ -160,7 +160,14 @@ async def _prepare_receipts(runtime: Runtime) -> None:
     database's own, made now on the first start."""
     s = runtime.settings
     secret = s.receipt_key.get_secret_value() if s.receipt_key is not None else None
-    kid = await receipt_keys.prepare(runtime.sessions, receipt_keys.operator_key(secret, s.receipt_key_file))
+    try:
+        kid = await receipt_keys.prepare(
+            runtime.sessions, receipt_keys.operator_key(secret, s.receipt_key_file)
+        )
+    except receipt_keys.KeyUnavailable as exc:
+        # (`signoff serve` refuses to start then.) Decisions fail closed: none is made unsigned.
+        log.error("%s", exc)
+        return
     log.info("receipts are signed with key %s (GET /v1/receipts/keys)", kid)
 
 

@@ -111,6 +111,22 @@ class Settings(BaseSettings):
             raise ValueError(f"SIGNOFF_SESSION_SECRET is too short; set a long random value {_MAKE_ONE}")
         return self
 
+    @model_validator(mode="after")
+    def _readable_receipt_key(self) -> Settings:
+        if self.receipt_key is None and self.receipt_key_file is None:
+            return self
+        from signoff.app.receipt_keys import operator_key
+
+        secret = self.receipt_key.get_secret_value() if self.receipt_key is not None else None
+        try:
+            operator_key(secret, self.receipt_key_file)
+        except ValueError as exc:
+            raise ValueError(
+                f"SIGNOFF_RECEIPT_KEY: {exc}; give the raw 32-byte Ed25519 private key in base64url, "
+                "or a PEM (PKCS#8), or unset it to let Signoff keep a key in the database"
+            ) from None
+        return self
+
 
 @lru_cache
 def get_settings() -> Settings:

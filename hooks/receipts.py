@@ -127,12 +127,17 @@ def _keys_of(keys: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[Mapp
 
 
 def verify_receipt(
-    receipt: Mapping[str, Any], keys: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+    receipt: Mapping[str, Any],
+    keys: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    call: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Check ``receipt`` against the published ``keys`` (the JWKS of ``GET /v1/receipts/keys``,
     or its list): its key is among them, the signature is the key's over the payload's JCS
-    bytes, and the receipt was issued while the key was in use. Returns the payload; raises
-    :class:`ReceiptInvalid` naming what failed."""
+    bytes, and the receipt was issued while the key was in use. With ``call`` (``{agent, tool,
+    arguments, session, policy_version}``), also that the receipt covers that call: a decision
+    receipt approved it (its ``approved_digest``), an execution receipt reports it run (its
+    ``action_digest``). Returns the payload; raises :class:`ReceiptInvalid` naming what failed."""
     try:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -189,7 +194,23 @@ def verify_receipt(
         raise ReceiptInvalid(
             f"the receipt was issued at {payload['issued_at']}, after key {kid!r} was rotated out"
         )
+    if call is not None:
+        _check_call(payload, call)
     return dict(payload)
+
+
+def _check_call(payload: Mapping[str, Any], call: Mapping[str, Any]) -> None:
+    missing = [name for name in DIGEST_FIELDS if name not in call]
+    if missing:
+        raise ReceiptInvalid(f"the call lacks {', '.join(missing)}: give {{{', '.join(DIGEST_FIELDS)}}}")
+    try:
+        digest = action_digest(**{name: call[name] for name in DIGEST_FIELDS})
+    except ValueError as exc:
+        raise ReceiptInvalid(f"the call has no action digest: {exc}") from None
+    field = "approved_digest" if payload.get("kind") == "decision" else "action_digest"
+    if payload.get(field) != digest:
+        what = "approve" if field == "approved_digest" else "report executed"
+        raise ReceiptInvalid(f"the receipt does not {what} this call: its {field} is not the call's digest")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,12 +225,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("receipt", help="the receipt JSON file (- for standard input)")
     parser.add_argument("--keys", required=True, help="the keys JSON file (GET /v1/receipts/keys)")
+    parser.add_argument(
+        "--call",
+        help="also check that it covers this call (JSON: agent, tool, arguments, session, policy_version)",
+    )
     args = parser.parse_args(argv)
     try:
         text = sys.stdin.read() if args.receipt == "-" else open(args.receipt, encoding="utf-8").read()
         receipt = json.loads(text)
         with open(args.keys, encoding="utf-8") as f:
             keys = json.load(f)
+        call = None
+        if args.call is not None:
+            with open(args.call, encoding="utf-8") as f:
+                call = json.load(f)
     except (OSError, ValueError) as exc:
         sys.stderr.write(
             f"signoff-verify: cannot read the input ({exc}); give a receipt file and --keys KEYS\n"
@@ -218,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(receipt, dict) and "payload" not in receipt and isinstance(receipt.get("receipt"), dict):
         receipt = receipt["receipt"]  # a request record or an answer that carries one
     try:
-        payload = verify_receipt(receipt, keys)
+        payload = verify_receipt(receipt, keys, call=call)
     except ReceiptInvalid as exc:
         sys.stderr.write(f"signoff-verify: invalid receipt: {exc}\n")
         return 1

@@ -135,6 +135,16 @@ async def test_an_approval_is_signed_and_travels_with_the_answers(
         "assurance": None,
     }
     assert vote["at"] == payload["decided_at"]
+    call = {
+        "agent": "finance-bot",
+        "tool": CALL["tool_name"],
+        "arguments": CALL["arguments"],
+        "session": CALL["session_id"],
+        "policy_version": config.version,
+    }
+    verify_receipt(receipt, published, call=call)
+    with pytest.raises(ReceiptInvalid, match="does not approve this call"):
+        verify_receipt(receipt, published, call={**call, "arguments": {**CALL["arguments"], "amount": 1}})
 
     # The replay of the call answers allow with the same receipt; so does the request record.
     replay = (await http.post(PRE, json=CALL, headers=auth(agent_key))).json()

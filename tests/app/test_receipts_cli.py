@@ -61,3 +61,41 @@ def test_bad_input_is_one_line_naming_the_fix(cli: Cli, tmp_path: Path) -> None:
     done = cli("receipts", "verify", str(tmp_path / "x.json"))
     assert done.returncode == 1
     assert "cannot be read as JSON" in done.stderr
+
+
+def test_an_operator_key_missing_from_a_process_stops_it_deciding_and_serving(
+    cli: Cli,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from tests.conftest import free_port
+
+    raw = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    cli.env["SIGNOFF_RECEIPT_KEY"] = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    signed = cli.request()
+    cli.ok("requests", "approve", signed, "--as", "alice")
+    del cli.env["SIGNOFF_RECEIPT_KEY"]
+
+    unsigned = cli.request()
+    done = cli("requests", "approve", unsigned, "--as", "alice")
+    assert done.returncode != 0
+    assert "held by the operator" in done.stderr
+    assert "SIGNOFF_RECEIPT_KEY" in done.stderr
+    assert cli.row(unsigned).status == "pending", "nothing is decided unsigned"
+
+    process = Cli(tmp_path, process=True)  # the same database, as the installed command
+    process.env["SIGNOFF_PORT"] = str(free_port())
+    done = process("serve", "--no-migrate")
+    assert done.returncode == 2
+    assert "held by the operator" in done.stderr
+
+    cli.env["SIGNOFF_RECEIPT_KEY"] = "not a key"
+    done = cli("requests", "list")
+    assert done.returncode == 2
+    assert "SIGNOFF_RECEIPT_KEY: the receipt key is" in done.stderr

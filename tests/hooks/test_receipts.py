@@ -340,3 +340,51 @@ def test_signoff_verify_exits_0_only_for_a_valid_receipt(tmp_path: Path) -> None
     )
     assert unreadable.returncode == 2
     assert "cannot read" in unreadable.stderr
+
+
+# --- a receipt for one call is no receipt for another --------------------------------------------
+
+CALL_RECEIPT = sign({**PAYLOAD, "approved_digest": action_digest(**CALL)}, SIGNED_KEY)
+
+
+def test_a_receipt_covers_the_call_it_names() -> None:
+    verify_receipt(CALL_RECEIPT, {"keys": [_jwk(SIGNED_KEY)]}, call=CALL)
+
+
+@settings(max_examples=100, deadline=None)
+@given(arguments=st.dictionaries(st.text(), json_values, max_size=4))
+def test_a_receipt_for_other_arguments_is_refused(arguments: dict[str, Any]) -> None:
+    other = {**CALL, "arguments": arguments}
+    if canonical_bytes(other) == canonical_bytes(CALL):
+        return
+    with pytest.raises(ReceiptInvalid, match="does not approve this call"):
+        verify_receipt(CALL_RECEIPT, {"keys": [_jwk(SIGNED_KEY)]}, call=other)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {**CALL, "tool": "pay_invoice_now"},
+        {**CALL, "agent": "other-bot"},
+        {**CALL, "session": None},
+        {**CALL, "policy_version": "ffff"},
+        {**CALL, "arguments": {**CALL["arguments"], "amount": 90000.5}},
+    ],
+)
+def test_a_receipt_for_another_tool_agent_session_or_policy_is_refused(other: dict[str, Any]) -> None:
+    with pytest.raises(ReceiptInvalid, match="does not approve this call"):
+        verify_receipt(CALL_RECEIPT, {"keys": [_jwk(SIGNED_KEY)]}, call=other)
+
+
+def test_signoff_verify_checks_the_call_when_given_one(tmp_path: Path) -> None:
+    (tmp_path / "call.json").write_text(json.dumps(CALL))
+    (tmp_path / "other.json").write_text(json.dumps({**CALL, "tool": "other"}))
+    (tmp_path / "receipt.json").write_text(json.dumps(CALL_RECEIPT))
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": [_jwk(SIGNED_KEY)]}))
+    script = str(Path(sys.executable).parent / "signoff-verify")
+    base = [script, str(tmp_path / "receipt.json"), "--keys", str(tmp_path / "keys.json"), "--call"]
+    ok = subprocess.run([*base, str(tmp_path / "call.json")], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([*base, str(tmp_path / "other.json")], capture_output=True, text=True, check=False)
+    assert bad.returncode == 1
+    assert "does not approve this call" in bad.stderr
