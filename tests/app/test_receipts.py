@@ -316,3 +316,63 @@ async def test_the_keys_are_public_and_jwks_shaped(http: httpx.AsyncClient) -> N
         assert {"kid", "kty", "crv", "x", "alg", "use", "not_before", "not_after"} <= set(k)
         assert (k["kty"], k["crv"], k["alg"]) == ("OKP", "Ed25519", "EdDSA")
         assert "d" not in k
+
+
+async def test_a_request_made_before_receipts_is_signed_from_its_stored_call(
+    runtime: Runtime, config: SignoffConfig, http: httpx.AsyncClient
+) -> None:
+    """A request written before revision 0013 has no action digest: its decision receipt takes
+    it from the stored arguments when they are the call as sent, and says null when they were
+    redacted (the secret values are gone)."""
+    import sqlalchemy as sa
+
+    from signoff.app.models import ConfirmationRequest
+    from signoff.app.operators import decide as operator_decides
+    from signoff.channels import Verdict
+    from tests.app.factories import make_request
+
+    plain = {"amount": 120000, "to": "ACME"}
+    secret = {"amount": 120000, "api_token": "tok-live-123"}
+    async with transaction(runtime.sessions) as s:
+        ids = [(await make_request(s, config, arguments=a)).id for a in (plain, secret)]
+        table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
+        await s.exec(sa.update(table).values(action_digest=None))
+    async with transaction(runtime.sessions) as s:
+        for rid in ids:
+            await operator_decides(s, rid, verdict=Verdict.APPROVE, operator="alice", config=config)
+    published = await keys(http)
+    async with runtime.reads() as s:
+        rows = {rid: await s.get(ConfirmationRequest, rid) for rid in ids}
+    digests = []
+    for rid in ids:
+        row = rows[rid]
+        assert row is not None
+        assert row.receipt is not None
+        digests.append(verify_receipt(row.receipt, published)["action_digest"])
+    call = {"tool_name": "pay_invoice", "arguments": plain, "session_id": None}
+    assert digests == [independent_digest(config, call), None]
+
+
+async def test_racing_deciders_leave_one_receipt_naming_the_winner(
+    http: httpx.AsyncClient, agent_key: str
+) -> None:
+    for i in range(5):
+        call = {**CALL, "idempotency_key": f"race-{i}"}
+        rid = (await http.post(PRE, json=call, headers=auth(agent_key))).json()["request_id"]
+        await asyncio.gather(
+            http.post(
+                f"/v1/admin/requests/{rid}/decision",
+                json={"verdict": "approve", "operator": "alice"},
+                headers=ADMIN,
+            ),
+            http.post(
+                f"/v1/admin/requests/{rid}/decision",
+                json={"verdict": "reject", "operator": "bob", "reason": "no"},
+                headers=ADMIN,
+            ),
+            http.post(f"/v1/requests/{rid}/cancel", headers=auth(agent_key)),
+        )
+        record = (await http.get(f"/v1/requests/{rid}", headers=auth(agent_key))).json()
+        payload = verify_receipt(record["receipt"], await keys(http))
+        assert payload["verdict"] == record["status"]
+        assert payload["decided_by"]["user_id"] == record["decided_by"]["user_id"]
