@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 from collections.abc import Mapping
 from datetime import datetime
 from functools import cache
@@ -122,11 +123,10 @@ def operator_key(key: str | None, key_file: Path | None) -> SigningKey | None:
 
 
 def _from_settings() -> SigningKey | None:
-    from signoff.app.settings import Settings
-
-    settings = Settings()  # read now: a process's environment names the key it holds
-    secret = settings.receipt_key.get_secret_value() if settings.receipt_key else None
-    return operator_key(secret, settings.receipt_key_file)
+    """The operator's key this process's environment names (``SIGNOFF_RECEIPT_KEY[_FILE]``, the
+    settings' ``receipt_key`` and ``receipt_key_file``), read now."""
+    path = os.environ.get("SIGNOFF_RECEIPT_KEY_FILE")
+    return operator_key(os.environ.get("SIGNOFF_RECEIPT_KEY"), Path(path) if path else None)
 
 
 _ACTIVE = (
