@@ -376,3 +376,36 @@ async def test_racing_deciders_leave_one_receipt_naming_the_winner(
         payload = verify_receipt(record["receipt"], await keys(http))
         assert payload["verdict"] == record["status"]
         assert payload["decided_by"]["user_id"] == record["decided_by"]["user_id"]
+
+
+async def test_the_client_librarys_decision_carries_the_receipt(
+    server: Server, agent_key: str, runtime: Runtime, config: SignoffConfig
+) -> None:
+    from signoff.hooks.client import AsyncGateClient
+
+    async with (
+        AsyncGateClient(server.url, agent_key) as client,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+    ):
+        asking = asyncio.create_task(
+            client.pre_tool_use(
+                CALL["tool_name"],
+                CALL["arguments"],
+                session_id=CALL["session_id"],
+                idempotency_key="client-1",
+                deadline=20,
+            )
+        )
+        for _ in range(200):
+            listed = (await http.get("/v1/admin/requests?status=pending", headers=ADMIN)).json()
+            if listed:
+                break
+            await asyncio.sleep(0.05)
+        await decide(http, listed[0]["id"])
+        decision = await asyncio.wait_for(asking, 20)
+        published = await keys(http)
+    assert decision.allowed
+    assert decision.receipt is not None
+    payload = verify_receipt(decision.receipt, published)
+    assert payload["request_id"] == decision.request_id
+    assert payload["approved_digest"] == independent_digest(config, CALL)
