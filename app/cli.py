@@ -43,6 +43,7 @@ audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
 hook_app = typer.Typer(help="Agent runtime hooks.", no_args_is_help=True)
 operators_app = typer.Typer(help="Console operators.", no_args_is_help=True)
 grants_app = typer.Typer(help="Grants: who may act without asking.", no_args_is_help=True)
+receipts_app = typer.Typer(help="Signed receipts and their keys.", no_args_is_help=True)
 readonly_app = typer.Typer(
     help="The read-only switch that `readonly_guard` hooks watch.", no_args_is_help=True
 )
@@ -56,6 +57,7 @@ for sub, name in [
     (hook_app, "hook"),
     (operators_app, "operators"),
     (grants_app, "grants"),
+    (receipts_app, "receipts"),
 ]:
     app.add_typer(sub, name=name)
 
@@ -240,6 +242,7 @@ def serve(
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
             migrate(settings.database_url)
+    _receipt_key_in_use(settings)
     application = create_app(settings=settings)
     # What start-up made (modules, schemas, compiled queries) lives as long as the process:
     # kept out of the collector's passes, a full collection walks only what serving made
@@ -261,6 +264,23 @@ def serve(
         backlog=8192,
     )
     Server(listening, application.state.drain).run(sockets=[listener])
+
+
+def _receipt_key_in_use(settings: Settings) -> None:
+    """Refuse to serve when the receipts' key in use is the operator's and was not given."""
+    from signoff.app import receipt_keys
+
+    secret = settings.receipt_key.get_secret_value() if settings.receipt_key is not None else None
+    operator = receipt_keys.operator_key(secret, settings.receipt_key_file)
+
+    async def work(session: AsyncSession, settings: Settings) -> None:
+        if operator is None:
+            await receipt_keys.signing_key(session)
+
+    try:
+        _with_session(work)
+    except receipt_keys.KeyUnavailable as exc:
+        raise CliError(str(exc), 2) from None
 
 
 def _listen(host: str, port: int, *, given: bool) -> socket.socket:
@@ -741,6 +761,120 @@ def audit_verify() -> None:
     raise CliError(
         f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)"
     )
+
+
+def _moment(text: str | None, name: str) -> Any:
+    """An ISO 8601 date or time given on the command line, as UTC (a date is its midnight)."""
+    from datetime import UTC, datetime
+
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(
+            f"{name} {text!r} is not an ISO 8601 date or time (2026-12-01, 2026-12-01T09:00Z)"
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+@audit_app.command("export")
+def audit_export(
+    receipts: Annotated[
+        bool, typer.Option("--receipts", help="The evidence pack: signed receipts with their keys.")
+    ] = False,
+    since: Annotated[str | None, typer.Option(help="From this date or time (ISO 8601, UTC).")] = None,
+    until: Annotated[str | None, typer.Option(help="Before this date or time (ISO 8601, UTC).")] = None,
+) -> None:
+    """Export, as JSON on stdout: with --receipts the receipts of the requests decided in the
+    period and every key that checks them (`signoff receipts verify PACK`, `signoff-verify`)."""
+    import json
+
+    from signoff.app.evidence import evidence_pack
+
+    if not receipts:
+        raise CliError("say what to export: --receipts (the evidence pack of signed receipts)")
+    start, end = _moment(since, "--since"), _moment(until, "--until")
+
+    async def work(session: AsyncSession, settings: Settings) -> dict[str, Any]:
+        return await evidence_pack(session, since=start, until=end)
+
+    typer.echo(json.dumps(_with_session(work), indent=2, ensure_ascii=False))
+
+
+@receipts_app.command("verify")
+def receipts_verify(
+    file: Annotated[Path, typer.Argument(help="A receipt, a request record or an evidence pack (JSON).")],
+    keys: Annotated[
+        Path | None,
+        typer.Option(help="The published keys (JSON); default: the pack's own, else this database's."),
+    ] = None,
+) -> None:
+    """Check every receipt in FILE offline; exit 0 only when each one is valid."""
+    import json
+
+    from signoff.app.evidence import verify_all
+
+    def load(path: Path) -> Any:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CliError(f"{path} cannot be read as JSON ({exc}); give a receipt or a pack file") from None
+
+    value = load(file)
+    if keys is not None:
+        published: Any = load(keys)
+    elif isinstance(value, dict) and isinstance(value.get("keys"), list) and "receipts" in value:
+        published = {"keys": value["keys"]}
+    else:
+        from signoff.app.receipt_keys import published as from_database
+
+        async def work(session: AsyncSession, settings: Settings) -> dict[str, Any]:
+            return await from_database(session)
+
+        published = _with_session(work)
+    good, problems = verify_all(value, published)
+    for problem in problems:
+        typer.echo(f"invalid: {problem}", err=True)
+    if problems or not good:
+        raise CliError(
+            f"{len(problems)} of {good + len(problems)} receipts did not verify"
+            if problems
+            else "no receipt in the file"
+        )
+    typer.echo(f"{good} receipt{'s' if good != 1 else ''} valid")
+
+
+@receipts_app.command("keys")
+def receipts_keys() -> None:
+    """The public keys receipts are signed with, as JSON (what GET /v1/receipts/keys answers)."""
+    import json
+
+    from signoff.app.receipt_keys import published
+
+    async def work(session: AsyncSession, settings: Settings) -> dict[str, Any]:
+        return await published(session)
+
+    typer.echo(json.dumps(_with_session(work), indent=2))
+
+
+@receipts_app.command("rotate")
+def receipts_rotate() -> None:
+    """Retire the key in use (it stays published for the receipts it signed) and start a new
+    one, kept in the database. With SIGNOFF_RECEIPT_KEY[_FILE] set, change that instead."""
+    from signoff.app.receipt_keys import rotate
+
+    settings = _settings()
+    if settings.receipt_key is not None or settings.receipt_key_file is not None:
+        raise CliError(
+            "receipts are signed with the operator's key (SIGNOFF_RECEIPT_KEY[_FILE]): give a new "
+            "key there and restart the servers, or unset it to rotate to a database key"
+        )
+
+    async def work(session: AsyncSession, settings: Settings) -> str:
+        return (await rotate(session)).kid
+
+    typer.echo(f"receipts are now signed with key {_with_session(work)}")
 
 
 SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from signoff.app import console, refusals, version
+from signoff.app import console, receipt_keys, refusals, version
 from signoff.app.bodies import storable
 from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, log_failure, transaction
 from signoff.app.drain import STOPPING, AnswerCancelled, Drain
@@ -30,7 +30,7 @@ from signoff.app.outbox import Dispatcher
 from signoff.app.readiness import UNAVAILABLE as UNAVAILABLE_REASON
 from signoff.app.replicas import REPORT_SECONDS
 from signoff.app.requests.states import NOTIFY_CHANNEL, expire_overdue
-from signoff.app.routers import admin, agent, approve, callbacks, ops
+from signoff.app.routers import admin, agent, approve, callbacks, ops, receipts
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
 from signoff.app.waiters import Draining, listen_for_decisions
@@ -155,6 +155,26 @@ def _reload_on_sighup(runtime: Runtime) -> None:
         log.warning("SIGHUP cannot reload the configuration here; use POST /v1/admin/config/reload")
 
 
+async def _prepare_receipts(runtime: Runtime) -> None:
+    """The receipts' key in use: the operator's (``SIGNOFF_RECEIPT_KEY[_FILE]``), or the
+    database's own, made now on the first start."""
+    s = runtime.settings
+    secret = s.receipt_key.get_secret_value() if s.receipt_key is not None else None
+    try:
+        kid = await receipt_keys.prepare(
+            runtime.sessions, receipt_keys.operator_key(secret, s.receipt_key_file)
+        )
+    except receipt_keys.KeyUnavailable as exc:
+        # (`signoff serve` refuses to start then.) Decisions fail closed: none is made unsigned.
+        log.error("%s", exc)
+        return
+    except Exception as exc:
+        # The database may be down at start: the first receipt makes or reads the key then.
+        log.warning("the receipts' key was not read at start (%s: %s)", type(exc).__name__, exc)
+        return
+    log.info("receipts are signed with key %s (GET /v1/receipts/keys)", kid)
+
+
 def create_app(
     runtime: Runtime | None = None, *, settings: Settings | None = None, background: bool = True
 ) -> FastAPI:
@@ -177,6 +197,7 @@ def create_app(
             )
 
         drain.on_begin(stopping)
+        await _prepare_receipts(rt)
         tasks: list[asyncio.Task[None]] = []
         outbox: asyncio.Task[None] | None = None
         scheduler = AsyncIOScheduler()
@@ -292,6 +313,7 @@ def create_app(
     app.include_router(callbacks.router)
     app.include_router(approve.router)
     app.include_router(ops.router)
+    app.include_router(receipts.router)
     console.install(app, settings)
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:

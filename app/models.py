@@ -123,6 +123,31 @@ class ConfirmationRequest(SQLModel, table=True):
     approved_arguments: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     """Approved with changes: the call as approved (``arguments`` with the approver's
     changes; the changed values are stored as given, never secrets). None: approved as asked."""
+    action_digest: str | None = Field(default=None, max_length=64)
+    """The call's action digest as it arrived (see :func:`signoff.hooks.receipts.action_digest`;
+    None: made before revision 0013, or arguments RFC 8785 cannot represent)."""
+    receipt: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    """The signed decision receipt, written by the transition to a terminal status."""
+    execution_receipt: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    """The signed execution receipt, written when the approved call was reported executed."""
+
+
+class ReceiptKey(SQLModel, table=True):
+    """An Ed25519 key receipts are signed with. The one in use has no ``retired_at``; a
+    rotated-out key stays listed (public half) so the receipts it signed still verify."""
+
+    __tablename__ = "receipt_key"
+
+    kid: str = Field(primary_key=True, max_length=64)
+    """Its RFC 7638 thumbprint."""
+    public_key: str = Field(max_length=64)
+    """The raw public key, base64url without padding (the JWK's ``x``)."""
+    private_key: str | None = Field(default=None, max_length=64)
+    """The raw private key, base64url (None: the operator keeps it, in a file or the environment)."""
+    source: str = Field(max_length=16)
+    """``database``, or ``operator`` for a key from the settings."""
+    created_at: datetime = _ts(default_factory=utcnow)
+    retired_at: datetime | None = _ts(default=None, nullable=True)
 
 
 class Vote(SQLModel, table=True):

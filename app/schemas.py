@@ -57,6 +57,9 @@ class PostToolUseOut(BaseModel):
     modified: bool = False
     """True when a hook rewrote the result; ``result`` is then what the model should see."""
     result: Any = None
+    receipt: dict[str, Any] | None = None
+    """The signed execution receipt, when the report closed an approved request (see DESIGN.md
+    "Receipts")."""
 
 
 class SessionStartIn(BaseModel):
@@ -262,6 +265,11 @@ class RequestOut(BaseModel):
     call's own arguments with these values (``modified_arguments``)."""
     executed_mismatch: bool = False
     """The call was reported executed with arguments other than the approved ones."""
+    receipt: dict[str, Any] | None = None
+    """Decided: the signed decision receipt ``{payload, key_id, signature}`` (DESIGN.md
+    "Receipts"; verify it with ``signoff-verify`` and ``GET /v1/receipts/keys``)."""
+    execution_receipt: dict[str, Any] | None = None
+    """Reported executed: the signed execution receipt, chained to ``receipt``."""
 
     @classmethod
     def of(
@@ -320,6 +328,8 @@ class RequestOut(BaseModel):
             ],
             executed_mismatch=r.executed_arguments is not None
             and not executed_as_approved(r, r.executed_arguments),
+            receipt=r.receipt,
+            execution_receipt=r.execution_receipt,
         )
 
 
@@ -347,6 +357,8 @@ class DecisionOut(BaseModel):
     modified_arguments: dict[str, Any] | None = None
     grant_id: str | None = None
     """The grant that allowed the call without asking."""
+    receipt: dict[str, Any] | None = None
+    """The signed decision receipt of the decided request the answer rests on."""
 
 
 class AuditEventOut(BaseModel):

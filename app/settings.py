@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     """Signs the console's session cookies; unset: a random key per process (sign-ins end on restart)."""
     session_max_age_seconds: float = Field(default=12 * 3600, gt=0)
     """How long a console sign-in lasts."""
+    receipt_key: SecretStr | None = None
+    """The Ed25519 key receipts are signed with, for operators who manage keys
+    (``SIGNOFF_RECEIPT_KEY``: the raw 32-byte private key in base64url, or PEM); unset: a key
+    of the database's own, made on first start (see signoff.app.receipt_keys)."""
+    receipt_key_file: Path | None = None
+    """The same, from a file (``SIGNOFF_RECEIPT_KEY_FILE``)."""
     public_url: str | None = None
     """Where people reach this server (``SIGNOFF_PUBLIC_URL``, ``https://signoff.example.com``):
     the base of the links in emails. Links are signed with a key derived from
@@ -103,6 +109,22 @@ class Settings(BaseSettings):
             raise ValueError(f"SIGNOFF_SESSION_SECRET is a placeholder; set a long random value {_MAKE_ONE}")
         if len(secret.strip()) < 16:
             raise ValueError(f"SIGNOFF_SESSION_SECRET is too short; set a long random value {_MAKE_ONE}")
+        return self
+
+    @model_validator(mode="after")
+    def _readable_receipt_key(self) -> Settings:
+        if self.receipt_key is None and self.receipt_key_file is None:
+            return self
+        from signoff.app.receipt_keys import operator_key
+
+        secret = self.receipt_key.get_secret_value() if self.receipt_key is not None else None
+        try:
+            operator_key(secret, self.receipt_key_file)
+        except ValueError as exc:
+            raise ValueError(
+                f"SIGNOFF_RECEIPT_KEY: {exc}; give the raw 32-byte Ed25519 private key in base64url, "
+                "or a PEM (PKCS#8), or unset it to let Signoff keep a key in the database"
+            ) from None
         return self
 
 

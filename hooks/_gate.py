@@ -135,6 +135,13 @@ class GateDecision(NamedTuple):
         return "GateDecision(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in shown) + ")"
 
     @property
+    def receipt(self) -> dict[str, Any] | None:
+        """The signed decision receipt of the request the decision rests on, if any
+        (``{payload, key_id, signature}``; check it with :mod:`signoff.hooks.receipts`)."""
+        found = (self.request or {}).get("receipt")
+        return dict(found) if isinstance(found, Mapping) else None
+
+    @property
     def expired(self) -> bool:
         """A person was asked and nobody decided before the request's deadline: a timeout,
         not a refusal (``raise_for_denial`` raises :class:`GateTimeout`)."""

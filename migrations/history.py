@@ -59,6 +59,14 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # Signed receipts are evidence: never dropped. The keys go only where no receipt is left
+    # for them to verify; the action digest is of no use without the receipts.
+    "0013": (
+        Drop("confirmation_request", "receipt", _json("receipt")),
+        Drop("confirmation_request", "execution_receipt", _json("execution_receipt")),
+        Drop("confirmation_request", "action_digest", holds=None),
+        Drop("receipt_key", holds=None),
+    ),
     # Its version goes back into ``gate`` before the column is dropped.
     "0012": (Drop("confirmation_request", "config_version", holds=None),),
     "0011": (),

@@ -42,6 +42,7 @@ TABLES = [
     "rate_bucket",
     "console_session_revocation",
     "replica",
+    "receipt_key",
 ]
 
 DEFAULT_CONFIG: dict[str, Any] = {

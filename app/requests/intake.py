@@ -41,6 +41,7 @@ from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.canonical import call_digest
 from signoff.app.requests.eligibility import EscalationStep, GateSnapshot
 from signoff.app.requests.kernel import idempotency_key
+from signoff.app.requests.receipts import digest_of_call
 from signoff.app.requests.reminders import scheduled
 from signoff.app.requests.states import DECIDED_COLUMNS
 from signoff.hooks import HookContext
@@ -230,6 +231,10 @@ def new_request(
         "tool_call_id": ctx.tool_call_id,
         "idempotency_key": idempotency_key(ctx),
         "call_digest": call_digest(ctx.tool_name, ctx.arguments),
+        # Over the arguments as sent: what the decision receipt will name (the stored ones are redacted).
+        "action_digest": digest_of_call(
+            ctx.agent_id, ctx.tool_name, ctx.arguments, ctx.session_id, config.version
+        ),
         "request_metadata": redact(dict(ctx.metadata), words),
         "gates": gates,
         "config_version": config.version,

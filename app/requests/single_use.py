@@ -25,6 +25,7 @@ from signoff.app.metrics import EXECUTED_MISMATCHES
 from signoff.app.models import ConfirmationRequest, Status, utcnow
 from signoff.app.requests.edits import same_call
 from signoff.app.requests.eligibility import gates_of
+from signoff.app.requests.receipts import issue_execution
 from signoff.channels import duration_text
 
 __all__ = ["DEFAULT_VALID_FOR", "record_executed", "spent", "valid_for"]
@@ -84,11 +85,15 @@ async def record_executed(
     arguments: Mapping[str, Any],
     redact: Callable[[Any], Any],
     now: datetime | None = None,
-) -> str | None:
+    result: Any = None,
+    error: str | None = None,
+    session_id: str | None = None,
+) -> dict[str, Any] | None:
     """Record that the approved call holding ``key`` ran (once: a second report changes
     nothing), audited ``executed`` with the arguments it ran with (redacted), and also
-    ``executed_mismatch`` (counted in ``/metrics``) when those are not the approved ones. The
-    id of the request it closed, or None."""
+    ``executed_mismatch`` (counted in ``/metrics``) when those are not the approved ones; sign
+    its execution receipt (over the arguments as sent and ``result``). The receipt, or None
+    when the report closed no request."""
     if key is None:
         return None
     params = {"agent_id": agent_id, "key": key}
@@ -109,15 +114,17 @@ async def record_executed(
                 r.executed_at.is_(None),
             )
             .values(executed_at=now, executed_arguments=shown)
-            .returning(r.id, r.arguments, r.approved_arguments)
+            .returning(r.id, r.arguments, r.approved_arguments, r.receipt, r.config_version, r.gate)
         )
     ).first()
     if row is None:
         return None  # another report (or replica) recorded it first
     request_id, proposed, approved = str(row[0]), row[1], row[2]
+    decision = row[3] if isinstance(row[3], dict) else None
     actor = Actor("agent", agent_id)
     entries = [audit.Entry(Action.EXECUTED, actor, request_id, {"tool": tool_name, "arguments": shown})]
-    if not same_call(proposed, approved, shown):
+    mismatch = not same_call(proposed, approved, shown)
+    if mismatch:
         # Run otherwise than approved: the approval is used all the same, and it is on record.
         entries.append(
             audit.Entry(
@@ -133,5 +140,23 @@ async def record_executed(
             )
         )
         EXECUTED_MISMATCHES.labels(agent_id).inc()
+    decided: dict[str, Any] = decision.get("payload", {}) if decision else {}
+    version = decided.get("policy_version") or row[4] or (row[5] or {}).get("config_version")
+    receipt = await issue_execution(
+        session,
+        request_id=request_id,
+        agent=agent_id,
+        tool=tool_name,
+        arguments=arguments,
+        result=result,
+        error=error,
+        # The approved call's session: the report names the call by its key.
+        session_id=decided.get("session", session_id),
+        decision_receipt=decision,
+        policy_version=version,
+        approved_digest=decided.get("approved_digest"),
+        mismatch=mismatch,
+        executed_at=now,
+    )
     await audit.append_many(session, entries)
-    return request_id
+    return receipt

@@ -12,7 +12,7 @@ Votes (:mod:`signoff.app.requests.votes`) and cards (:mod:`signoff.app.requests.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +39,7 @@ from signoff.app.models import (
 from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.edits import approved_changes
 from signoff.app.requests.eligibility import asked, gates_of
+from signoff.app.requests.receipts import Decided, issue_decisions, issued
 from signoff.channels import duration_text
 from signoff.hooks import Decision, HookResult, describe_request
 
@@ -189,6 +190,29 @@ async def queue_updates(session: AsyncSession, request_id: str) -> None:
     )
 
 
+def _receipt_columns(r: Any) -> tuple[Any, ...]:
+    """What a transition returns besides, for the decision receipt (see :func:`_decided`)."""
+    return (r.id, r.session_id, r.arguments, r.call_digest, r.action_digest, r.config_version, r.channel)
+
+
+def _decided(row: Sequence[Any], *, gate: Any, gates: Any, agent: str, tool: str) -> Decided:
+    """The receipt's view of a row a transition returned: :func:`_receipt_columns` from ``row[0]``."""
+    rid, session_id, arguments, digest, action, version, channel = row[:7]
+    shape = {"gate": gate, "gates": gates, "config_version": version, "channel": channel}
+    snapshots = gates_of(from_row(ConfirmationRequest, shape))
+    return Decided(
+        request_id=str(rid),
+        agent=agent,
+        tool=tool,
+        session=session_id,
+        arguments=arguments or {},
+        call_digest=digest,
+        action_digest=action,
+        policy_version=snapshots[0].config_version if snapshots else version,
+        gates=snapshots,
+    )
+
+
 @functools.cache
 def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
     """The conditional UPDATE moving a request to ``target``, built once (Core, with binds).
@@ -201,7 +225,7 @@ def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
         sa.update(_REQUESTS)
         .where(r.id == sa.bindparam("request_id"), r.status.in_(_sources(target)))
         .values(status=target.value, **{c: sa.bindparam(f"new_{c}") for c in DECIDED_COLUMNS})
-        .returning(r.created_at, r.agent_id, r.tool_name, r.gate, r.gates)
+        .returning(r.created_at, r.agent_id, r.tool_name, r.gate, r.gates, *_receipt_columns(r))
     )
     return stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, r.id)) if notify else stmt
 
@@ -215,13 +239,16 @@ async def transition(
     reason: str | None = None,
     now: datetime | None = None,
     along: Sequence[audit.Entry] = (),
+    changes: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Move a request to ``target`` if the table allows it from its current status.
+    """Move a request to ``target`` if the table allows it from its current status, and sign
+    its decision receipt (every status ``target`` may be is terminal).
 
     Returns False when another writer got there first (the request is no longer
     in a status that allows ``target``); nothing is written then but the audit
     events ``along`` (a vote, say), which are otherwise appended just before the
-    transition's own, in the same statements.
+    transition's own, in the same statements. ``changes``: an approval with these argument
+    fields changed (the receipt names the call as approved).
     """
     now = now or utcnow()
     postgres = _on_postgres(session)
@@ -242,6 +269,10 @@ async def transition(
         tool=row[2],
         gate=gate_names(row[3], row[4]),
         who=actor.name or actor.id,
+    )
+    decided = _decided(row[5:], gate=row[3], gates=row[4], agent=row[1], tool=row[2])
+    await issue_decisions(
+        session, [decided], target.value, actor=actor, reason=reason, decided_at=now, changes=changes
     )
     await queue_updates(session, request_id)
     await _mark_decided(session, [request_id], now, notified=postgres)
@@ -302,6 +333,7 @@ async def expire_overdue(
                 col(c.agent_id),
                 col(c.tool_name),
                 col(c.config_version),
+                *_receipt_columns(_REQUESTS.c),
             )
             .execution_options(synchronize_session=False)
         )
@@ -332,6 +364,10 @@ async def expire_overdue(
     if expired:
         # These rows are this transaction's now (expired by it): each gets its own words.
         await session.exec(_SET_REASON, params=[{"rid": rid, "new_reason": reasons[rid]} for rid in expired])
+        decided = [_decided(r[9:], gate=r[3], gates=r[4], agent=r[6], tool=r[7]) for r in rows]
+        await issue_decisions(
+            session, decided, Status.EXPIRED.value, actor=EXPIRY, reason=reasons, decided_at=now
+        )
     for rid in expired:
         await audit.append(
             session, audit.Action.EXPIRED, actor=EXPIRY, request_id=rid, detail={"reason": reasons[rid]}
@@ -390,3 +426,4 @@ async def settle(
         return
     for name, value in {"status": target.value, **decided_columns(actor, reason, now)}.items():
         set_committed_value(req, name, value)
+    set_committed_value(req, "receipt", issued(session, req.id))

@@ -197,7 +197,14 @@ async def apply_vote(
         approvals = per_gate(await approvals_by_gate(session, [request_id]), request_id, len(gates))
     if all(a >= q for a, q in zip(approvals, quorums, strict=True)):
         won = await transition(
-            session, request_id, Status.APPROVED, actor=decided_by, reason=reason, now=now, along=voted
+            session,
+            request_id,
+            Status.APPROVED,
+            actor=decided_by,
+            reason=reason,
+            now=now,
+            along=voted,
+            changes=changes,
         )
         await settle(session, req, won, Status.APPROVED, decided_by, reason, now)
         if won and changes:

@@ -243,7 +243,7 @@ async def run_pre_tool_use(
     ran = await _run_hooks("pre_tool_use", agent, body, runtime, session)
     if ran is None:
         return DecisionOut(decision="deny", reason=_not_configured(agent))
-    result, services = ran
+    result, services, _ = ran
     made = services.request
     request = None
     if made is not None and result.request_id == made.id:
@@ -257,6 +257,7 @@ async def run_pre_tool_use(
         request=request,
         modified_arguments=dict(result.modified_arguments) if result.modified_arguments is not None else None,
         grant_id=services.grant_id if result.decision is Decision.ALLOW else None,
+        receipt=request.receipt if request is not None else None,
     )
 
 
@@ -279,13 +280,14 @@ async def run_post_tool_use(
     ran = await _run_hooks("post_tool_use", agent, body, runtime, session)
     if ran is None:
         return PostToolUseOut(decision="deny", reason=_not_configured(agent))
-    result, _ = ran
+    result, _, receipt = ran
     modified = result.modified_result is not None
     return PostToolUseOut(
         decision=_allow_or_deny(result),
         reason=result.reason,
         modified=modified,
         result=result.modified_result if modified else body.result,
+        receipt=receipt,
     )
 
 
@@ -297,7 +299,7 @@ async def run_session_start(
     ran = await _run_hooks("session_start", agent, body, runtime, session)
     if ran is None:
         return SessionStartOut(decision="deny", reason=_not_configured(agent))
-    result, _ = ran
+    result, _, _ = ran
     return SessionStartOut(
         decision=_allow_or_deny(result), reason=result.reason, additional_context=result.additional_context
     )
@@ -314,17 +316,19 @@ _RUN: dict[Point, Callable[[HookRegistry, HookContext], Coroutine[Any, Any, Hook
 
 async def _run_hooks(
     point: Point, agent: str, body: ToolCallIn | SessionStartIn, runtime: Runtime, session: AsyncSession
-) -> tuple[HookResult, GateService] | None:
-    """Run the agent's hooks at ``point`` and count the answer; None for an agent the
-    configuration does not name."""
+) -> tuple[HookResult, GateService, dict[str, Any] | None] | None:
+    """Run the agent's hooks at ``point`` and count the answer, with the execution receipt of
+    the approved call a post-tool-use report closed; None for an agent the configuration does
+    not name."""
     registry = runtime.registries.get(agent)
     if registry is None:
         return None
     services = GateService.for_call(session, runtime, agent, time_limit=registry.timeout)
     ctx = _context(agent, body, services)
+    receipt = None
     if point == "post_tool_use":
         # The call ran: the approval it ran under (if any) allows nothing more.
-        await record_executed(
+        receipt = await record_executed(
             session,
             runtime.reads,
             agent_id=agent,
@@ -332,6 +336,9 @@ async def _run_hooks(
             tool_name=ctx.tool_name,
             arguments=ctx.arguments,
             redact=services.redact,
+            result=ctx.result,
+            error=body.error if isinstance(body, PostToolUseIn) else None,
+            session_id=ctx.session_id,
         )
     result = await _RUN[point](registry, ctx)
     if point == "pre_tool_use":
@@ -340,7 +347,7 @@ async def _run_hooks(
     gates = services.gates
     gate_name = gates[0].name if gates else ""
     _gate_calls(point, agent, gate_name, result.decision.value).inc()
-    return result, services
+    return result, services, receipt
 
 
 def _context(agent: str, body: ToolCallIn | SessionStartIn, services: GateService) -> HookContext:

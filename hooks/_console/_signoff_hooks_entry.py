@@ -15,7 +15,7 @@ same exit 2.
 
 import sys
 
-__all__ = ["EXIT_CANNOT_LOAD", "hook", "mcp_proxy", "server"]
+__all__ = ["EXIT_CANNOT_LOAD", "hook", "mcp_proxy", "server", "verify"]
 
 EXIT_CANNOT_LOAD = 2
 """Both scripts' status when they cannot load: the one code with which Claude Code blocks a
@@ -38,6 +38,15 @@ def mcp_proxy() -> None:
     except BaseException as exc:
         raise SystemExit(_cannot_load("signoff-mcp-proxy", exc)) from None
     main()
+
+
+def verify() -> None:
+    """``signoff-verify``: :func:`signoff.hooks.receipts.main`, or exit 2 when it cannot be loaded."""
+    try:
+        from signoff.hooks.receipts import main
+    except BaseException as exc:
+        raise SystemExit(_cannot_load("signoff-verify", exc)) from None
+    raise SystemExit(main())
 
 
 def server() -> None:

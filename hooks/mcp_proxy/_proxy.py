@@ -321,6 +321,17 @@ def _error_result(text: str, decision: str, request_id: str | None) -> types.Cal
     )
 
 
+def _with_receipt(result: dict[str, Any], decision: GateDecision) -> dict[str, Any]:
+    """The upstream's result with the signed decision receipt the call ran under (a person
+    approved it) in ``_meta["signoff/receipt"]``; the execution receipt follows from the report
+    (the request record's ``execution_receipt``)."""
+    receipt = decision.receipt
+    if receipt is None:
+        return result
+    meta = result.get("_meta")
+    return {**result, "_meta": {**(meta if isinstance(meta, Mapping) else {}), "signoff/receipt": receipt}}
+
+
 def _proxy_error(tool: str, exc: Exception) -> types.CallToolResult:
     return _error_result(unavailable_text(tool, f"proxy error {type(exc).__name__}: {exc}"), "error", None)
 
@@ -726,7 +737,7 @@ class GatingProxy:
             self._report_outcome(report, None, exc)
             raise
         self._report_outcome(report, result, None)
-        return result
+        return _with_receipt(result, decision)
 
     async def _decide(
         self,

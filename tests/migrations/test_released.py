@@ -49,6 +49,9 @@ RELEASED = {
     "2026_12_02_1500-0012_each_gate_snapshot_once.py": (
         "7ddaae0de3329602a83371a8bb5792e219551cc3776bf9729405b13590158ccb"
     ),
+    "2026_12_02_1800-0013_signed_receipts.py": (
+        "b43ba515b64f4f10ec84cfd90da540c95207718a9d59ef5b42c16654b9fdd679"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 
