@@ -7,7 +7,6 @@ names the cause and the fix, with a non-zero exit; ``SIGNOFF_DEBUG=1`` adds the 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -29,23 +28,30 @@ if TYPE_CHECKING:  # imported where used: `signoff --help` loads nothing of the 
     from signoff.app.settings import Settings
     from signoff.channels import Verdict
 
+# Help in click's plain form (rich_markup_mode=None): typer's rich help imports rich and
+# markdown-it, which cost `signoff --help` more than the rest of its start together.
 app = typer.Typer(
     help="Signoff: human approval for AI agents' tool calls.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-db_app = typer.Typer(help="The database.", no_args_is_help=True)
-config_app = typer.Typer(help="The YAML configuration.", no_args_is_help=True)
-keys_app = typer.Typer(help="Agent API keys.", no_args_is_help=True)
-requests_app = typer.Typer(help="Confirmation requests.", no_args_is_help=True)
-audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
-hook_app = typer.Typer(help="Agent runtime hooks.", no_args_is_help=True)
-operators_app = typer.Typer(help="Console operators.", no_args_is_help=True)
-grants_app = typer.Typer(help="Grants: who may act without asking.", no_args_is_help=True)
-readonly_app = typer.Typer(
-    help="The read-only switch that `readonly_guard` hooks watch.", no_args_is_help=True
-)
+
+
+def _group(help: str) -> typer.Typer:
+    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+
+
+db_app = _group("The database.")
+config_app = _group("The YAML configuration.")
+keys_app = _group("Agent API keys.")
+requests_app = _group("Confirmation requests.")
+audit_app = _group("The audit log.")
+hook_app = _group("Agent runtime hooks.")
+operators_app = _group("Console operators.")
+grants_app = _group("Grants: who may act without asking.")
+readonly_app = _group("The read-only switch that `readonly_guard` hooks watch.")
 for sub, name in [
     (db_app, "db"),
     (config_app, "config"),
@@ -177,6 +183,8 @@ def _with_session(
                 return await work(session, settings)
         finally:
             await engine.dispose()
+
+    import asyncio
 
     with _database(settings):
         return asyncio.run(run())
