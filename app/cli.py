@@ -177,7 +177,9 @@ def _with_session(
         from signoff.app import webhooks
         from signoff.app.db import create_engine, sessionmaker, transaction
 
-        engine = create_engine(settings.database_url, sync=settings.sqlite_sync)
+        engine = create_engine(
+            settings.database_url, sync=settings.sqlite_sync, pooling=settings.database_pooling
+        )
         try:
             async with transaction(sessionmaker(engine, webhooks=routes, events=webhooks.owe)) as session:
                 return await work(session, settings)
@@ -245,9 +247,10 @@ def serve(
         serverlock.hold(settings.database_url)  # one SQLite file, one server
     except serverlock.ServerLockHeld as exc:
         raise CliError(str(exc)) from None
+    _refuse_undeclared_pooling(settings)
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
-            migrate(settings.database_url)
+            migrate(settings.database_url, pooling=settings.database_pooling)
     application = create_app(settings=settings)
     # What start-up made (modules, schemas, compiled queries) lives as long as the process:
     # kept out of the collector's passes, a full collection walks only what serving made
@@ -269,6 +272,23 @@ def serve(
         backlog=8192,
     )
     Server(listening, application.state.drain).run(sockets=[listener])
+
+
+def _refuse_undeclared_pooling(settings: Settings) -> None:
+    """Refuse to serve through a transaction pooler the settings do not declare (see
+    signoff.app.pooling): there keys would fail, and some calls be answered by other statements."""
+    from signoff.app.db import is_sqlite
+
+    if is_sqlite(settings.database_url) or settings.database_pooling == "transaction":
+        return
+    from signoff.app import pooling
+
+    try:
+        pid = pooling.shared_server_process(settings.database_url)
+    except Exception:
+        return  # unreachable: the migration, or the first request, says so in its own words
+    if pid is not None:
+        raise CliError(pooling.undeclared(settings.database_url, pid), 2)
 
 
 def _listen(host: str, port: int, *, given: bool) -> socket.socket:
@@ -306,7 +326,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 
     settings = _settings()
     with _database(settings):
-        left = migrate(settings.database_url, revision)
+        left = migrate(settings.database_url, revision, pooling=settings.database_pooling)
     typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
 
 
@@ -320,7 +340,7 @@ def db_downgrade(
 
     settings = _settings()
     with _database(settings):
-        left = downgrade(settings.database_url, revision)
+        left = downgrade(settings.database_url, revision, pooling=settings.database_pooling)
     typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
 
 
