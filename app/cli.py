@@ -146,11 +146,16 @@ def _safe_url(url: str) -> str:
 
 
 def _database_error(exc: BaseException, url: str) -> CliError | None:
-    """Name the two database failures a user can fix: not migrated, and not reachable."""
+    """Name the database failures a user can fix: not migrated, not reachable, and behind a
+    transaction pooler the settings do not declare."""
     import sqlalchemy.exc
+
+    from signoff.app.readiness import POOLED, is_pooled
 
     text = str(getattr(exc, "orig", None) or exc)
     where = _safe_url(url)
+    if is_pooled(exc):
+        return CliError(f"{POOLED} (the database at {where} said: {text.strip().splitlines()[0]})", 2)
     if "no such table" in text or ("does not exist" in text and "relation" in text):
         return CliError(
             f"the database at {where} has no Signoff tables yet: run `signoff db upgrade` "

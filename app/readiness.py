@@ -38,6 +38,7 @@ __all__ = [
     "SCHEMA_BEHIND",
     "UNAVAILABLE",
     "Readiness",
+    "is_pooled",
 ]
 
 SCHEMA_BEHIND = "the database schema is behind this server: run `signoff db upgrade`"
@@ -94,6 +95,12 @@ def _kind(exc: BaseException) -> str | None:
     if state in _MISSING_STATES or any(w in str(error) for w in _MISSING_WORDS):
         return "missing"
     return None
+
+
+def is_pooled(exc: BaseException) -> bool:
+    """Whether ``exc`` is a prepared statement lost to, or colliding through, a transaction
+    pooler the settings do not declare (:data:`POOLED`)."""
+    return _kind(exc) == POOLED
 
 
 class Readiness:

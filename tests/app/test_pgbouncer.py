@@ -295,3 +295,31 @@ async def test_a_valid_key_while_the_database_fails_is_503_never_401(
     assert 401 not in seen, seen
     assert set(seen) == {503}, seen
     assert "Traceback" not in served.output(), served.output()
+
+
+async def test_the_command_line_through_an_undeclared_pooler_says_what_to_set(
+    postgres_empty_url: str, pgbouncer: PgBouncer, tmp_path: Path
+) -> None:
+    import asyncpg
+
+    upgraded = signoff(environment(tmp_path, postgres_empty_url), "db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
+    # Another client of the pooler leaves its prepared statements (asyncpg's own names) on
+    # PgBouncer's one server connection.
+    other = await asyncpg.connect(pgbouncer.url(postgres_empty_url))
+    for i in range(30):
+        assert await other.fetchval(f"SELECT {i}::int + $1::int", 1) == i + 1
+    await other.close()
+    done = signoff(environment(tmp_path, pgbouncer.url(postgres_empty_url)), "keys", "create", "finance-bot")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        "error: the database's prepared statements did not last (a transaction pooler such as "
+        "PgBouncer in front of it?): set SIGNOFF_DATABASE_POOLING=transaction (the database at "
+    ), done.stderr
+    assert done.stderr.count("\n") == 1
+    assert (
+        signoff(
+            _pooled_env(tmp_path, postgres_empty_url, pgbouncer), "keys", "create", "finance-bot"
+        ).returncode
+        == 0
+    )
