@@ -27,6 +27,8 @@ from sqlalchemy.engine import make_url
 from tests.app.serving import SIGNOFF, environment, serve, signoff
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.postgres
+
 PGBOUNCER = Path(os.environ.get("SIGNOFF_TEST_PGBOUNCER", "/usr/sbin/pgbouncer"))
 
 
