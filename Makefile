@@ -15,7 +15,7 @@ export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff
 MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-run run test lint typecheck migrations-check pytest postgres chromium strace bench dist clean
+.PHONY: install install-run run test lint typecheck migrations-check pytest postgres chromium strace pgbouncer bench dist clean
 
 install: $(STAMP)
 
@@ -48,7 +48,7 @@ run: install-run
 		SIGNOFF_LOG_FORMAT=$${SIGNOFF_LOG_FORMAT:-text} \
 		$(BIN)/signoff serve
 
-test: install postgres chromium strace lint typecheck migrations-check pytest
+test: install postgres chromium strace pgbouncer lint typecheck migrations-check pytest
 
 lint: install
 	@echo "==> ruff"
@@ -91,7 +91,14 @@ strace:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq strace >/dev/null; }
 
-pytest: install chromium strace
+# The PgBouncer tests start Debian's pgbouncer in transaction pooling (tests/app/test_pgbouncer.py).
+pgbouncer:
+	@test -x /usr/sbin/pgbouncer || { \
+		echo "==> installing Debian's pgbouncer for the PgBouncer tests"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq pgbouncer >/dev/null; }
+
+pytest: install chromium strace pgbouncer
 	@VENV=$(VENV) bash scripts/ensure-claude-code.sh
 	@echo "==> pytest (SQLite and PostgreSQL), one worker per core"
 	@$(BIN)/pytest -n auto --dist loadfile

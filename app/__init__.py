@@ -1,10 +1,12 @@
 """The Signoff server."""
 
 from functools import cache
-from importlib.metadata import version as _installed
 
 
 @cache
 def version() -> str:
     """This release's version, as the installed package's metadata gives it."""
-    return _installed("signoff")
+    # Imported here: importlib.metadata costs `signoff --help` more than typer's own start.
+    from importlib.metadata import version as installed
+
+    return installed("signoff")

@@ -7,7 +7,6 @@ names the cause and the fix, with a non-zero exit; ``SIGNOFF_DEBUG=1`` adds the 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -29,24 +28,31 @@ if TYPE_CHECKING:  # imported where used: `signoff --help` loads nothing of the 
     from signoff.app.settings import Settings
     from signoff.channels import Verdict
 
+# Help in click's plain form (rich_markup_mode=None): typer's rich help imports rich and
+# markdown-it, which cost `signoff --help` more than the rest of its start together.
 app = typer.Typer(
     help="Signoff: human approval for AI agents' tool calls.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-db_app = typer.Typer(help="The database.", no_args_is_help=True)
-config_app = typer.Typer(help="The YAML configuration.", no_args_is_help=True)
-keys_app = typer.Typer(help="Agent API keys.", no_args_is_help=True)
-requests_app = typer.Typer(help="Confirmation requests.", no_args_is_help=True)
-audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
-hook_app = typer.Typer(help="Agent runtime hooks.", no_args_is_help=True)
-operators_app = typer.Typer(help="Console operators.", no_args_is_help=True)
-grants_app = typer.Typer(help="Grants: who may act without asking.", no_args_is_help=True)
-receipts_app = typer.Typer(help="Signed receipts and their keys.", no_args_is_help=True)
-readonly_app = typer.Typer(
-    help="The read-only switch that `readonly_guard` hooks watch.", no_args_is_help=True
-)
+
+
+def _group(help: str) -> typer.Typer:
+    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+
+
+db_app = _group("The database.")
+config_app = _group("The YAML configuration.")
+keys_app = _group("Agent API keys.")
+requests_app = _group("Confirmation requests.")
+audit_app = _group("The audit log.")
+hook_app = _group("Agent runtime hooks.")
+operators_app = _group("Console operators.")
+grants_app = _group("Grants: who may act without asking.")
+receipts_app = _group("Signed receipts and their keys.")
+readonly_app = _group("The read-only switch that `readonly_guard` hooks watch.")
 for sub, name in [
     (db_app, "db"),
     (config_app, "config"),
@@ -142,11 +148,16 @@ def _safe_url(url: str) -> str:
 
 
 def _database_error(exc: BaseException, url: str) -> CliError | None:
-    """Name the two database failures a user can fix: not migrated, and not reachable."""
+    """Name the database failures a user can fix: not migrated, not reachable, and behind a
+    transaction pooler the settings do not declare."""
     import sqlalchemy.exc
+
+    from signoff.app.readiness import POOLED, is_pooled
 
     text = str(getattr(exc, "orig", None) or exc)
     where = _safe_url(url)
+    if is_pooled(exc):
+        return CliError(f"{POOLED} (the database at {where} said: {text.strip().splitlines()[0]})", 2)
     if "no such table" in text or ("does not exist" in text and "relation" in text):
         return CliError(
             f"the database at {where} has no Signoff tables yet: run `signoff db upgrade` "
@@ -173,12 +184,16 @@ def _with_session(
         from signoff.app import webhooks
         from signoff.app.db import create_engine, sessionmaker, transaction
 
-        engine = create_engine(settings.database_url, sync=settings.sqlite_sync)
+        engine = create_engine(
+            settings.database_url, sync=settings.sqlite_sync, pooling=settings.database_pooling
+        )
         try:
             async with transaction(sessionmaker(engine, webhooks=routes, events=webhooks.owe)) as session:
                 return await work(session, settings)
         finally:
             await engine.dispose()
+
+    import asyncio
 
     with _database(settings):
         return asyncio.run(run())
@@ -239,9 +254,10 @@ def serve(
         serverlock.hold(settings.database_url)  # one SQLite file, one server
     except serverlock.ServerLockHeld as exc:
         raise CliError(str(exc)) from None
+    _refuse_undeclared_pooling(settings)
     if migrate_first and settings.migrate_on_start:
         with _database(settings):
-            migrate(settings.database_url)
+            migrate(settings.database_url, pooling=settings.database_pooling)
     _receipt_key_in_use(settings)
     application = create_app(settings=settings)
     # What start-up made (modules, schemas, compiled queries) lives as long as the process:
@@ -283,6 +299,23 @@ def _receipt_key_in_use(settings: Settings) -> None:
         raise CliError(str(exc), 2) from None
 
 
+def _refuse_undeclared_pooling(settings: Settings) -> None:
+    """Refuse to serve through a transaction pooler the settings do not declare (see
+    signoff.app.pooling): there keys would fail, and some calls be answered by other statements."""
+    from signoff.app.db import is_sqlite
+
+    if is_sqlite(settings.database_url) or settings.database_pooling == "transaction":
+        return
+    from signoff.app import pooling
+
+    try:
+        pid = pooling.shared_server_process(settings.database_url)
+    except Exception:
+        return  # unreachable: the migration, or the first request, says so in its own words
+    if pid is not None:
+        raise CliError(pooling.undeclared(settings.database_url, pid), 2)
+
+
 def _listen(host: str, port: int, *, given: bool) -> socket.socket:
     """The listening socket, bound before anything starts, so that a port in use is one line."""
     import socket
@@ -318,7 +351,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 
     settings = _settings()
     with _database(settings):
-        left = migrate(settings.database_url, revision)
+        left = migrate(settings.database_url, revision, pooling=settings.database_pooling)
     typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
 
 
@@ -332,7 +365,7 @@ def db_downgrade(
 
     settings = _settings()
     with _database(settings):
-        left = downgrade(settings.database_url, revision)
+        left = downgrade(settings.database_url, revision, pooling=settings.database_pooling)
     typer.echo(f"database at {_safe_url(settings.database_url)} is at {_at(left)}")
 
 

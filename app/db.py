@@ -12,12 +12,13 @@ import asyncio
 import functools
 import logging
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 import sqlmodel
@@ -38,6 +39,7 @@ __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
     "Events",
+    "Pooling",
     "SchemaError",
     "Session",
     "Subscribers",
@@ -100,10 +102,31 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def create_engine(url: str, *, readonly: bool = False, sync: Sync = "full", **kw: Any) -> AsyncEngine:
+Pooling = Literal["none", "transaction"]
+"""How SIGNOFF_DATABASE_URL reaches PostgreSQL: directly (or through a pooler in session
+pooling), or through a pooler in transaction pooling such as PgBouncer's ``pool_mode =
+transaction`` (``SIGNOFF_DATABASE_POOLING``)."""
+
+
+def _statement_name() -> str:
+    # Unique across every client of the pooler: a name another client prepared on the same
+    # server connection would be refused ("already exists"), or worse, run its statement.
+    return f"__signoff_{uuid.uuid4().hex}__"
+
+
+def create_engine(
+    url: str, *, readonly: bool = False, sync: Sync = "full", pooling: Pooling = "none", **kw: Any
+) -> AsyncEngine:
     """An engine; on SQLite, ``readonly`` engines take no write lock when they begin and
     commits reach the disk as ``sync`` says (see :func:`signoff.app.sqlite.create_engine`).
-    PostgreSQL syncs as the server is configured (``synchronous_commit``, on by default)."""
+    PostgreSQL syncs as the server is configured (``synchronous_commit``, on by default).
+
+    ``pooling="transaction"``: behind a transaction pooler each transaction may run on another
+    server connection, so nothing prepared is kept past one (no statement cache in asyncpg or
+    SQLAlchemy, and a unique name for each statement, as SQLAlchemy's asyncpg dialect documents
+    for PgBouncer). Run every statement in a transaction there: outside one, a statement's
+    prepare and its execution may reach two different server connections.
+    """
     url = async_url(url)
     # Rows stored before the input rules (or edited by hand) read as what can be shown.
     kw.setdefault("json_deserializer", read_json)
@@ -111,6 +134,13 @@ def create_engine(url: str, *, readonly: bool = False, sync: Sync = "full", **kw
         kw.setdefault("pool_size", 20)
         kw.setdefault("max_overflow", 20)
         kw.setdefault("pool_pre_ping", True)
+        if pooling == "transaction":
+            kw["connect_args"] = {
+                **kw.get("connect_args", {}),
+                "statement_cache_size": 0,
+                "prepared_statement_cache_size": 0,
+                "prepared_statement_name_func": _statement_name,
+            }
         return create_async_engine(url, **kw)
     return sqlite_engine(url, readonly=readonly, sync=sync, **kw)
 
@@ -359,12 +389,13 @@ class SchemaError(Exception):
     """The database's schema cannot be moved as asked; the message says why and what to do."""
 
 
-def _alembic(url: str) -> Any:
+def _alembic(url: str, pooling: Pooling) -> Any:
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["database_url"] = async_url(url)
+    cfg.attributes["database_pooling"] = pooling
     return cfg
 
 
@@ -390,11 +421,11 @@ async def schema_revision(connection: AsyncConnection) -> str | None:
     return heads[0] if heads else None
 
 
-def current_revision(url: str) -> str | None:
+def current_revision(url: str, *, pooling: Pooling = "none") -> str | None:
     """:func:`schema_revision` of ``url`` (call outside a running event loop)."""
 
     async def read() -> str | None:
-        engine = create_engine(url, readonly=True)
+        engine = create_engine(url, readonly=True, pooling=pooling)
         try:
             async with engine.connect() as conn:
                 return await schema_revision(conn)
@@ -432,7 +463,7 @@ def _target(revision: str) -> int:
     return revisions().index(revision)
 
 
-def migrate(url: str, revision: str = "head") -> str | None:
+def migrate(url: str, revision: str = "head", *, pooling: Pooling = "none") -> str | None:
     """Upgrade ``url`` to ``revision`` (call outside a running event loop); returns the revision
     it is left at.
 
@@ -441,7 +472,7 @@ def migrate(url: str, revision: str = "head") -> str | None:
     """
     from alembic import command
 
-    current = current_revision(url)
+    current = current_revision(url, pooling=pooling)
     target, now = _target(revision), _position(current, url)
     if target < now:
         raise SchemaError(
@@ -449,12 +480,12 @@ def migrate(url: str, revision: str = "head") -> str | None:
             f"run `signoff db downgrade {revision}` to go back"
         )
     if target > now:
-        command.upgrade(_alembic(url), revision)
+        command.upgrade(_alembic(url, pooling), revision)
     # Already there: nothing is written (a read-only database still starts, and says so).
-    return current_revision(url)
+    return current_revision(url, pooling=pooling)
 
 
-def downgrade(url: str, revision: str) -> str | None:
+def downgrade(url: str, revision: str, *, pooling: Pooling = "none") -> str | None:
     """Downgrade ``url`` to ``revision`` (call outside a running event loop); returns the
     revision it is left at.
 
@@ -466,17 +497,17 @@ def downgrade(url: str, revision: str) -> str | None:
 
     from signoff.migrations.history import DowngradeRefused
 
-    current = current_revision(url)
+    current = current_revision(url, pooling=pooling)
     if _target(revision) > _position(current, url):
         raise SchemaError(
             f"the database at {_where(url)} is at {current or 'no revision'}, below {revision}: "
             f"run `signoff db upgrade {revision}` to go forward"
         )
     try:
-        command.downgrade(_alembic(url), revision)
+        command.downgrade(_alembic(url, pooling), revision)
     except DowngradeRefused as exc:
         raise SchemaError(str(exc)) from None
-    return current_revision(url)
+    return current_revision(url, pooling=pooling)
 
 
 def core_row(obj: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -9,10 +9,12 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.db import transaction
 from signoff.app.runtime import Runtime
+from signoff.hooks import ServiceUnavailable
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -64,10 +66,16 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 async def agent_for(runtime: Runtime, token: str | None) -> str:
-    """The agent whose live key ``token`` is; 401 for none, an unknown or a revoked key."""
+    """The agent whose live key ``token`` is; 401 for none, an unknown or a revoked key, 503
+    when the database cannot say."""
     if token is None:
         raise _unauthorized("missing API key: send `Authorization: Bearer <agent key>`")
-    agent = await runtime.keys.agent(token)
+    try:
+        agent = await runtime.keys.agent(token)
+    except SQLAlchemyError as exc:
+        # The key was not judged: 503 with the database's reason (the app's handler), never a
+        # 401, which an agent's client takes as a final deny.
+        raise ServiceUnavailable("the agent key could not be checked") from exc
     if agent is None:
         raise _unauthorized("unknown or revoked API key; create one with `signoff keys create AGENT`")
     return agent

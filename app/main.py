@@ -8,17 +8,20 @@ import functools
 import json
 import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
+import sqlalchemy as sa
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError
+from sqlmodel import select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from signoff.app import console, receipt_keys, refusals, version
@@ -137,6 +140,33 @@ async def sweep(runtime: Runtime) -> None:
                 return
     except Exception:
         log_failure(log, "expiry sweep failed")
+
+
+def _decision_listener(runtime: Runtime, settings: Settings) -> Coroutine[Any, Any, None] | None:
+    """The LISTEN for decisions other processes commit, on SIGNOFF_LISTEN_DATABASE_URL (else
+    SIGNOFF_DATABASE_URL unless it is pooled); None, with one warning, when there is none."""
+    url = settings.listen_database_url
+    if url is None and settings.database_pooling == "transaction":
+        log.warning(
+            "decisions made by other processes wake waiters only by the %g s poll: "
+            "SIGNOFF_DATABASE_POOLING=transaction and no SIGNOFF_LISTEN_DATABASE_URL (LISTEN needs "
+            "a session of its own); set it to PostgreSQL itself",
+            settings.cross_process_poll_seconds,
+        )
+        return None
+    dsn = make_url(url or settings.database_url).set(drivername="postgresql")
+
+    async def probe(payload: str) -> None:
+        async with transaction(runtime.sessions) as session:
+            await session.exec(select(sa.func.pg_notify(NOTIFY_CHANNEL, payload)))
+
+    return listen_for_decisions(
+        dsn.render_as_string(hide_password=False),
+        runtime.hub,
+        NOTIFY_CHANNEL,
+        probe=probe,
+        poll_seconds=settings.cross_process_poll_seconds,
+    )
 
 
 def _reload_on_sighup(runtime: Runtime) -> None:
@@ -267,11 +297,9 @@ def create_app(
                 )
             )
             if not is_sqlite(settings.database_url):
-                dsn = make_url(settings.database_url).set(drivername="postgresql")
-                listener = listen_for_decisions(
-                    dsn.render_as_string(hide_password=False), rt.hub, NOTIFY_CHANNEL
-                )
-                tasks.append(asyncio.create_task(listener, name="decision-listener"))
+                listener = _decision_listener(rt, settings)
+                if listener is not None:
+                    tasks.append(asyncio.create_task(listener, name="decision-listener"))
         try:
             yield
         finally:

@@ -33,10 +33,12 @@ from signoff.app.db import head_revision, is_sqlite, revisions, schema_revision
 __all__ = [
     "DISK_FREE_MIN_BYTES",
     "DISK_FULL",
+    "POOLED",
     "READ_ONLY",
     "SCHEMA_BEHIND",
     "UNAVAILABLE",
     "Readiness",
+    "is_pooled",
 ]
 
 SCHEMA_BEHIND = "the database schema is behind this server: run `signoff db upgrade`"
@@ -45,6 +47,10 @@ READ_ONLY = (
     "(PostgreSQL: point SIGNOFF_DATABASE_URL at the primary)"
 )
 DISK_FULL = "the disk holding the database is full: free space on it"
+POOLED = (
+    "the database's prepared statements did not last (a transaction pooler such as PgBouncer in "
+    "front of it?): set SIGNOFF_DATABASE_POOLING=transaction"
+)
 UNAVAILABLE = "the database is unavailable; try again"
 DISK_FREE_MIN_BYTES = 1024 * 1024
 """Less free space than this on a SQLite database's file system is a full disk."""
@@ -54,6 +60,9 @@ CHECK_SECONDS = 5.0
 _PROBE = sa.text("UPDATE audit_head SET seq = seq WHERE 1 = 0")
 _READ_ONLY_STATES = {"25006"}  # read_only_sql_transaction
 _DISK_FULL_STATES = {"53100"}  # disk_full
+_POOLED_STATES = {"26000", "42P05"}
+"""invalid_sql_statement_name, duplicate_prepared_statement: a prepared statement of this
+connection missing on its server connection, or one of another client's in the way."""
 _MISSING_STATES = {"42703", "42P01", "0A000"}
 """undefined_column, undefined_table, and feature_not_supported: what asyncpg raises when a
 schema change invalidated a statement it had prepared."""
@@ -72,7 +81,7 @@ def _driver_error(exc: BaseException) -> BaseException:
 
 
 def _kind(exc: BaseException) -> str | None:
-    """:data:`READ_ONLY`, :data:`DISK_FULL`, ``"missing"`` (a table or column is not there)
+    """:data:`READ_ONLY`, :data:`DISK_FULL`, :data:`POOLED`, ``"missing"`` (a table or column is not there)
     or None, from a database error."""
     error = _driver_error(exc)
     name = str(getattr(error, "sqlite_errorname", ""))
@@ -81,9 +90,17 @@ def _kind(exc: BaseException) -> str | None:
         return READ_ONLY
     if name == "SQLITE_FULL" or state in _DISK_FULL_STATES:
         return DISK_FULL
+    if state in _POOLED_STATES:
+        return POOLED
     if state in _MISSING_STATES or any(w in str(error) for w in _MISSING_WORDS):
         return "missing"
     return None
+
+
+def is_pooled(exc: BaseException) -> bool:
+    """Whether ``exc`` is a prepared statement lost to, or colliding through, a transaction
+    pooler the settings do not declare (:data:`POOLED`)."""
+    return _kind(exc) == POOLED
 
 
 class Readiness:
@@ -162,7 +179,7 @@ class Readiness:
     async def explain(self, exc: BaseException) -> str:
         """The reason to give for ``exc``, a database error met while serving."""
         kind = _kind(exc)
-        if kind in (READ_ONLY, DISK_FULL):
+        if kind in (READ_ONLY, DISK_FULL, POOLED):
             return kind
         if kind == "missing":
             # Only a schema that moved under a running server gets here: read it again.

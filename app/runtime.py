@@ -198,7 +198,9 @@ class Runtime:
             raise ConfigError([problem])
         for warning in config.warnings():
             log.warning("%s", warning)
-        engine = create_engine(settings.database_url, sync=settings.sqlite_sync)
+        engine = create_engine(
+            settings.database_url, sync=settings.sqlite_sync, pooling=settings.database_pooling
+        )
         hub, outbox_wake = Hub(), asyncio.Event()
         runtime: Runtime | None = None
 
@@ -213,12 +215,15 @@ class Runtime:
             events=webhooks.owe,
         )
         # PostgreSQL: reads in autocommit, as READ COMMITTED gives each statement its own
-        # snapshot anyway, without the BEGIN and ROLLBACK round trips.
-        reads = sessionmaker(
-            create_engine(settings.database_url, readonly=True)
-            if is_sqlite(settings.database_url)
-            else engine.execution_options(isolation_level="AUTOCOMMIT")
-        )
+        # snapshot anyway, without the BEGIN and ROLLBACK round trips; behind a transaction
+        # pooler in transactions, the one unit its server connection is kept for.
+        if is_sqlite(settings.database_url):
+            read_engine = create_engine(settings.database_url, readonly=True)
+        elif settings.database_pooling == "transaction":
+            read_engine = engine
+        else:
+            read_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        reads = sessionmaker(read_engine)
         links = link_signer(settings)
         built = {name: build_channel(name, cfg, links=links) for name, cfg in config.channels.items()}
         built.update(channels or {})

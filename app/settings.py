@@ -24,6 +24,15 @@ class Settings(BaseSettings):
     environment: str = "production"
     """``development`` allows an unset admin token; anything else refuses placeholders."""
     database_url: str = Field(default_factory=lambda: f"sqlite+aiosqlite:///{Path.cwd() / 'signoff.db'}")
+    database_pooling: Literal["none", "transaction"] = "none"
+    """``transaction``: SIGNOFF_DATABASE_URL reaches PostgreSQL through a pooler in transaction
+    pooling (PgBouncer's ``pool_mode = transaction``), so no prepared statement may outlive its
+    transaction (``SIGNOFF_DATABASE_POOLING``). LISTEN needs a session of its own: set
+    ``SIGNOFF_LISTEN_DATABASE_URL`` to PostgreSQL itself."""
+    listen_database_url: str | None = None
+    """Where the server LISTENs for the decisions other processes commit: PostgreSQL itself,
+    never a transaction pooler (``SIGNOFF_LISTEN_DATABASE_URL``). Unset: SIGNOFF_DATABASE_URL,
+    unless that is pooled; without LISTEN, waiters hear of those decisions by the 1 s poll."""
     sqlite_sync: Literal["full", "normal"] = "full"
     """On SQLite, how a commit reaches the disk (``SIGNOFF_SQLITE_SYNC``): ``full`` syncs every
     request and decision before anyone is told; ``normal`` is faster but may lose the last

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from itertools import islice
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 __all__ = ["Coalesced", "Draining", "Hub", "listen_for_decisions"]
 
@@ -152,33 +154,99 @@ class Hub:
                 self.notify(rid for rid, _ in await recently_decided(since))
 
 
-async def listen_for_decisions(dsn: str, hub: Hub, channel: str, *, retry_seconds: float = 1.0) -> None:
+PROBE_PREFIX = "probe:"
+"""A NOTIFY payload the listener sends itself (through the pooled engine) to learn that its
+LISTEN hears what others send; never a request id."""
+
+
+async def listen_for_decisions(
+    dsn: str,
+    hub: Hub,
+    channel: str,
+    *,
+    probe: Callable[[str], Awaitable[None]] | None = None,
+    poll_seconds: float = 1.0,
+    probe_seconds: float = 5.0,
+    retry_seconds: float = 1.0,
+) -> None:
     """PostgreSQL only: wake waiters on every replica as decisions commit (runs until cancelled).
 
     One connection per process LISTENs; while it is down (database restart) the
     poller in :meth:`Hub.poll_other_processes` still wakes waiters within seconds.
+
+    ``probe(payload)`` NOTIFYs ``channel`` the way decisions do (the server's own engine):
+    once listening, the listener sends itself one and says in the log whether it heard it.
+    A LISTEN through a transaction pooler hears nothing, and then one warning line says
+    that wakes fall back to the ``poll_seconds`` poll.
     """
     import asyncpg
 
+    expected: dict[str, asyncio.Event] = {}
+
     def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload.startswith(PROBE_PREFIX):
+            if (heard := expected.get(payload)) is not None:
+                heard.set()
+            return
         hub.notify(payload.split(","))
 
+    where = _where(dsn)
     while True:
         conn = None
         try:
-            conn = await asyncpg.connect(dsn)
+            conn = await asyncpg.connect(dsn, statement_cache_size=0)
             await conn.add_listener(channel, on_notify)
             lost = asyncio.Event()
             conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-            log.info("listening for decisions on %s", channel)
+            await _check(probe, expected, channel, where, poll_seconds, probe_seconds)
             await lost.wait()
-            log.warning("lost the LISTEN connection; reconnecting")
+            log.warning("lost the LISTEN connection to %s; reconnecting", where)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("cannot LISTEN for decisions (%s); retrying", type(exc).__name__)
+            log.warning("cannot LISTEN for decisions at %s (%s); retrying", where, type(exc).__name__)
         finally:
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(Exception):
                     await conn.close(timeout=2)
         await asyncio.sleep(retry_seconds)
+
+
+async def _check(
+    probe: Callable[[str], Awaitable[None]] | None,
+    expected: dict[str, asyncio.Event],
+    channel: str,
+    where: str,
+    poll_seconds: float,
+    probe_seconds: float,
+) -> None:
+    """Log whether the LISTEN just made hears a NOTIFY sent the way decisions send theirs."""
+    if probe is None:
+        log.info("listening for decisions on %s at %s", channel, where)
+        return
+    payload = f"{PROBE_PREFIX}{secrets.token_hex(8)}"
+    heard = expected[payload] = asyncio.Event()
+    try:
+        await probe(payload)
+        async with asyncio.timeout(probe_seconds):
+            await heard.wait()
+    except TimeoutError:
+        log.warning(
+            "decisions made by other processes wake waiters only by the %g s poll: the LISTEN "
+            "connection to %s heard no NOTIFY within %g s; point SIGNOFF_LISTEN_DATABASE_URL at "
+            "PostgreSQL itself, not a transaction pooler (PgBouncer)",
+            poll_seconds,
+            where,
+            probe_seconds,
+        )
+    except Exception as exc:  # the database is down: the LISTEN itself stands, unchecked
+        log.info("listening for decisions on %s at %s (not checked: %s)", channel, where, type(exc).__name__)
+    else:
+        log.info("listening for decisions on %s at %s (heard its own NOTIFY)", channel, where)
+    finally:
+        expected.pop(payload, None)
+
+
+def _where(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"

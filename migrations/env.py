@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
 import signoff.app.models  # noqa: F401  (registers the tables)
-from signoff.app.db import async_url, create_engine, is_sqlite
+from signoff.app.db import Pooling, async_url, create_engine, is_sqlite
 from signoff.migrations.history import refuse_lossy_downgrade, repair_renumbered_0004
 
 config = context.config
@@ -34,6 +34,12 @@ def _url() -> str:
 
         url = Settings().database_url
     return async_url(str(url))
+
+
+def _pooling() -> Pooling:
+    """``transaction`` behind a transaction pooler (signoff.app.db.create_engine)."""
+    given = config.attributes.get("database_pooling") or os.environ.get("SIGNOFF_DATABASE_POOLING")
+    return "transaction" if given == "transaction" else "none"
 
 
 def _destination() -> str | None:
@@ -84,7 +90,7 @@ def _run(connection: Connection) -> None:
 
 async def _run_async() -> None:
     url = _url()
-    engine = create_engine(url)
+    engine = create_engine(url, pooling=_pooling())
     if is_sqlite(url):
 
         @event.listens_for(engine.sync_engine, "connect")
