@@ -59,6 +59,8 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # Each vote's level goes into its ``identity`` before the column is dropped.
+    "0013": (Drop("vote", "assurance", holds=None),),
     # Its version goes back into ``gate`` before the column is dropped.
     "0012": (Drop("confirmation_request", "config_version", holds=None),),
     "0011": (),

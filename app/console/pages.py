@@ -205,6 +205,8 @@ class GateView:
     config_version: str | None = None
     """The configuration the request was gated under."""
     current_version: str = ""
+    min_assurance: str | None = None
+    """The weakest identification a vote on it may have (None: any)."""
 
 
 def _gate_rule(config: SignoffConfig, agent: str, key: str) -> ConfirmationGate | None:
@@ -232,6 +234,7 @@ def gate_views(req: ConfirmationRequest, row: RequestRow, config: SignoffConfig)
                 when=rule.when if rule else None,
                 config_version=snap.config_version,
                 current_version=config.version,
+                min_assurance=snap.min_assurance,
             )
         )
     return views

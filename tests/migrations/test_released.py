@@ -49,6 +49,9 @@ RELEASED = {
     "2026_12_02_1500-0012_each_gate_snapshot_once.py": (
         "7ddaae0de3329602a83371a8bb5792e219551cc3776bf9729405b13590158ccb"
     ),
+    "2026_12_02_1800-0013_vote_assurance.py": (
+        "7fcfbeaec5d400d2fd6192473770679d934db566c0c7b30f3685eaed1a5dc2f7"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 
