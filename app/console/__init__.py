@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 
 from signoff.app.console import auth
 from signoff.app.console.auth import CsrfRefused, Keys, SignInRequired
+from signoff.app.console.oidc import OidcClients
 from signoff.app.console.render import STATIC_DIR, page, secured
 from signoff.app.console.router import router
 from signoff.app.settings import Settings
@@ -62,6 +63,7 @@ def install(app: FastAPI, settings: Settings) -> None:
         )
     app.state.console_keys = Keys(secret, max_age=settings.session_max_age_seconds)
     app.state.sign_in_limiter = auth.SignInLimiter()
+    app.state.oidc_clients = OidcClients(secret)
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.add_exception_handler(SignInRequired, _sign_in_required)

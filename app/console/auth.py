@@ -18,6 +18,7 @@ import hmac
 import math
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -40,6 +41,7 @@ from signoff.app.console.passwords import verify_password, waste_a_verification
 from signoff.app.db import dialect_of, insert_ignoring
 from signoff.app.deps import RuntimeDep
 from signoff.app.models import ConsoleSessionRevocation, utcnow
+from signoff.app.requests.eligibility import Voter
 from signoff.app.runtime import Runtime
 
 __all__ = [
@@ -73,12 +75,20 @@ class ConsoleSession:
     """Unix time; the sign-in ends then however active the operator is."""
     operator: str | None = None
     fingerprint: str | None = None
+    person: Mapping[str, Any] | None = None
+    """Signed in through OIDC: who the provider said this is (:class:`signoff.app.console.oidc.Claims`
+    as a dict); None: an operator's password."""
 
     @classmethod
     def start(
-        cls, max_age: float, *, operator: str | None = None, fingerprint: str | None = None
+        cls,
+        max_age: float,
+        *,
+        operator: str | None = None,
+        fingerprint: str | None = None,
+        person: Mapping[str, Any] | None = None,
     ) -> ConsoleSession:
-        return cls(secrets.token_urlsafe(24), time.time() + max_age, operator, fingerprint)
+        return cls(secrets.token_urlsafe(24), time.time() + max_age, operator, fingerprint, person)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +113,15 @@ class Keys:
         self._csrf_key = hmac.new(secret.encode(), b"signoff.console.csrf", hashlib.sha256).digest()
 
     def encode(self, session: ConsoleSession) -> str:
-        return self._sessions.dumps(
-            {"n": session.nonce, "e": session.expires, "o": session.operator, "f": session.fingerprint}
-        )
+        data: dict[str, Any] = {
+            "n": session.nonce,
+            "e": session.expires,
+            "o": session.operator,
+            "f": session.fingerprint,
+        }
+        if session.person is not None:
+            data["p"] = dict(session.person)
+        return self._sessions.dumps(data)
 
     def decode(self, raw: str | None) -> ConsoleSession | None:
         """The session in a cookie, or None if it is missing, forged or past its expiry."""
@@ -113,8 +129,11 @@ class Keys:
             return None
         try:
             data: Any = self._sessions.loads(raw)
-            session = ConsoleSession(str(data["n"]), float(data["e"]), data["o"], data["f"])
-        except (BadSignature, KeyError, TypeError, ValueError):
+            person = data.get("p")
+            if person is not None and not isinstance(person, dict):
+                return None
+            session = ConsoleSession(str(data["n"]), float(data["e"]), data["o"], data["f"], person)
+        except (BadSignature, KeyError, TypeError, ValueError, AttributeError):
             return None
         return session if session.expires > time.time() else None
 
@@ -148,6 +167,9 @@ class SignedIn:
     name: str
     csrf: str
     session: ConsoleSession
+    voter: Voter | None = None
+    """Signed in through OIDC: who votes (with their groups, aliases and assurance); None: the
+    operator ``person``, identified by their password."""
 
 
 class SignInRequired(Exception):
@@ -223,6 +245,22 @@ def _signed_in(request: Request, config: SignoffConfig) -> SignedIn | None:
     session = session_of(request)
     if session is None or session.operator is None:
         return None
+    if session.person is not None:
+        from signoff.app.console import oidc  # only where OIDC sessions exist
+
+        voter = oidc.session_voter(session, config)
+        if voter is None:
+            return None
+        return SignedIn(
+            operator=session.operator,
+            person=voter.key,
+            name=voter.name or voter.key,
+            csrf=keys_of(request).csrf_token(session),
+            session=session,
+            voter=voter,
+        )
+    if not config.console.password_sign_in:
+        return None  # password sign-in turned off: its sessions end too
     operator = config.operators.get(session.operator)
     if operator is None or session.fingerprint != fingerprint(operator):
         return None

@@ -14,7 +14,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from signoff.app import queries
 from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
-from signoff.app.console import auth, pages
+from signoff.app.console import auth, oidc, pages
 from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
 from signoff.app.console.decisions import decide_from_form
 from signoff.app.console.history import csv_lines, history_view, jsonl_lines, parse_history
@@ -75,6 +75,8 @@ def _login_page(
             "username": username,
             "ended": ended,
             "operators": bool(runtime.config.operators),
+            "passwords": runtime.config.console.password_sign_in,
+            "oidc": runtime.config.console.oidc is not None,
         },
         status_code=status_code,
     )
@@ -104,6 +106,16 @@ async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
     if not keys.csrf_ok(anonymous, form.get("csrf_token")):
         raise CsrfRefused
     assert anonymous is not None
+    if not runtime.config.console.password_sign_in:
+        return _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=auth.safe_next(form.get("next")),
+            error="Password sign-in is turned off (console.password_sign_in: false); sign in "
+            "through your organisation's identity provider.",
+            status_code=403,
+        )
     name, password = form.get("username"), form.get("password")
     next_url = auth.safe_next(form.get("next"))
     name = name.strip() if isinstance(name, str) else ""
@@ -142,6 +154,79 @@ async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
     session = ConsoleSession.start(keys.max_age, operator=name, fingerprint=auth.fingerprint(operator))
     response = _see_other(next_url)
     auth.set_session(response, request, session)
+    return response
+
+
+@router.get("/login/oidc")
+async def sign_in_with_oidc(
+    request: Request,
+    runtime: RuntimeDep,
+    next_: Annotated[str, Query(alias="next", max_length=2000)] = auth.HOME,
+) -> Response:
+    """Send the browser to the identity provider (see :mod:`signoff.app.console.oidc`)."""
+    keys = auth.keys_of(request)
+    anonymous = auth.session_of(request) or ConsoleSession.start(keys.max_age)
+    settings = runtime.config.console.oidc
+    next_url = auth.safe_next(next_)
+    if settings is None:
+        return _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=next_url,
+            error="Sign-in through an identity provider is not configured (console.oidc).",
+            status_code=404,
+        )
+    clients: oidc.OidcClients = request.app.state.oidc_clients
+    try:
+        url, flow = await clients.start(
+            settings, redirect_uri=oidc.callback_url(runtime.settings.public_url, request), next_url=next_url
+        )
+    except oidc.SignInRefused as exc:
+        return _login_page(request, runtime, anonymous, next_url=next_url, error=exc.reason, status_code=502)
+    response = _see_other(url)
+    clients.set_flow(response, request, flow)
+    return response
+
+
+@router.get("/oidc/callback")
+async def oidc_callback(request: Request, runtime: RuntimeDep) -> Response:
+    """The identity provider's redirect back: check everything, then sign the person in."""
+    keys = auth.keys_of(request)
+    anonymous = auth.session_of(request) or ConsoleSession.start(keys.max_age)
+    settings = runtime.config.console.oidc
+    clients: oidc.OidcClients = request.app.state.oidc_clients
+    if settings is None:
+        response = _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=auth.HOME,
+            error="Sign-in through an identity provider is not configured (console.oidc).",
+            status_code=404,
+        )
+        clients.clear_flow(response)
+        return response
+    try:
+        claims, next_url = await clients.finish(settings, request)
+    except oidc.SignInRefused as exc:
+        log.warning("console: OIDC sign-in from %s refused: %s", client_address(request), exc.reason)
+        response = _login_page(
+            request, runtime, anonymous, next_url=auth.HOME, error=exc.reason, status_code=401
+        )
+        clients.clear_flow(response)  # a state is used once, whatever the outcome
+        return response
+    claims = oidc.keep_groups(claims, runtime.config)
+    session = ConsoleSession.start(
+        keys.max_age,
+        operator=claims.username,
+        fingerprint=oidc.fingerprint(settings),
+        person=claims.as_dict(),
+    )
+    log.info("console: %s signed in through %s", claims.username, settings.issuer)
+    response = _see_other(auth.safe_next(next_url))
+    auth.set_session(response, request, session)
+    clients.clear_flow(response)
     return response
 
 
@@ -192,7 +277,9 @@ async def queue_rows(
 async def show_request(
     request_id: str, request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep
 ) -> Response:
-    view = await pages.request_view(session, runtime.config, request_id, person=who.person, now=utcnow())
+    view = await pages.request_view(
+        session, runtime.config, request_id, person=who.person, now=utcnow(), voter=who.voter
+    )
     if view is None:
         return _not_found(request, who, request_id)
     response = page(
@@ -213,7 +300,9 @@ async def request_live(
     v: str = "",
 ) -> Response:
     """The request's votes, cards and trail for the page's poll; a new status reloads the page."""
-    view = await pages.request_view(session, runtime.config, request_id, person=who.person, now=utcnow())
+    view = await pages.request_view(
+        session, runtime.config, request_id, person=who.person, now=utcnow(), voter=who.voter
+    )
     if view is None or view.row.status != seen:
         return secured(Response(status_code=200, headers={"HX-Refresh": "true"}))
     if v == view.version:
