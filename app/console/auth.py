@@ -171,6 +171,14 @@ class SignedIn:
     """Signed in through OIDC: who votes (with their groups, aliases and assurance); None: the
     operator ``person``, identified by their password."""
 
+    def may_operate(self, config: SignoffConfig) -> bool:
+        """Whether they may act for the service (switches, revoking grants): an operator, or a
+        person signed in through OIDC whom an operator entry decides as."""
+        if self.voter is None:
+            return True
+        person = self.voter.person
+        return person is not None and any((o.person or n) == person for n, o in config.operators.items())
+
 
 class SignInRequired(Exception):
     """No valid session: send the browser to the sign-in page (and back to ``next`` after)."""

@@ -51,6 +51,18 @@ def _not_found(request: Request, who: auth.SignedIn, request_id: str) -> Respons
     )
 
 
+def _operators_only(request: Request, who: auth.SignedIn, what: str) -> Response:
+    person = who.voter.person if who.voter is not None else None
+    fix = (
+        f"an entry under operators with person: {person} makes them an operator"
+        if person
+        else "add them to people (with this email) and an entry under operators with that person"
+    )
+    message = f"Only operators may {what}; {who.operator} signed in through the identity provider: {fix}."
+    context = {"who": who, "title": "Operators only", "message": message}
+    return page(request, "error.html", context, status_code=403)
+
+
 # --- signing in ----------------------------------------------------------------------------------
 
 
@@ -359,9 +371,16 @@ async def show_grants(
 
 @router.post("/grants/{grant_id}/revoke")
 async def revoke_grant(
-    grant_id: str, request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+    grant_id: str,
+    request: Request,
+    who: SignedInDep,
+    form: CheckedFormDep,
+    runtime: RuntimeDep,
+    session: SessionDep,
 ) -> Response:
     """Revoke a grant as the signed-in operator (audited)."""
+    if not who.may_operate(runtime.config):
+        return _operators_only(request, who, "revoke grants")
     grant, revoked = (None, False)
     if pages.plausible_id(grant_id):
         grant, revoked = await grants.revoke(session, grant_id, actor=Actor("web", who.operator, who.name))
@@ -522,6 +541,8 @@ async def flip_switch(
     session: SessionDep,
 ) -> Response:
     """Turn a switch a ``readonly_guard`` watches on or off as the signed-in operator (audited)."""
+    if not who.may_operate(runtime.config):
+        return _operators_only(request, who, "turn switches on or off")
     if name not in pages.guarded_switches(runtime.config):
         message = f"No readonly_guard watches a switch {name!r}: add one to an agent's hooks first."
         context = {"who": who, "title": "No such switch", "message": message}

@@ -21,7 +21,7 @@ from signoff.app.config import ConfigError, SignoffConfig, parse_config
 from signoff.app.models import Vote
 from signoff.app.runtime import Runtime
 from tests.conftest import DEFAULT_CONFIG, Server
-from tests.console.conftest import PASSWORDS, Agent, Console, operators
+from tests.console.conftest import PASSWORDS, Agent, Console, csrf_of, operators
 from tests.console.fake_oidc import CLIENT_ID, CLIENT_SECRET, Account, FakeProvider, rsa_key
 from tests.console.test_console_http import status_of
 
@@ -420,3 +420,20 @@ def test_group_approvers_need_a_groups_claim_and_an_issuer_over_https(
     body["console"]["oidc"]["scopes"] = ["email"]
     with pytest.raises(ConfigError, match="scopes must include openid"):
         parse_config(body, source="x.yaml")
+
+
+async def test_only_operators_act_for_the_service(
+    console: Console, second: Console, provider: FakeProvider, runtime: Runtime
+) -> None:
+    await _sign_in(console, provider, DANA)  # signed in, a person of nobody's operator entry
+    token = csrf_of((await console.get("/ui/config")).text)
+    refused = await console.client.post("/ui/switches/read_only", data={"on": "1", "csrf_token": token})
+    assert refused.status_code == 403
+    assert "Only operators may turn switches on or off" in html.unescape(refused.text)
+    refused = await console.client.post("/ui/grants/abc/revoke", data={"csrf_token": token})
+    assert refused.status_code == 403
+    assert "Only operators may revoke grants" in html.unescape(refused.text)
+    await _sign_in(second, provider, ALICE)  # alice is the person of operator alice
+    token = csrf_of((await second.get("/ui/grants")).text)
+    allowed = await second.client.post("/ui/grants/abc/revoke", data={"csrf_token": token})
+    assert allowed.status_code == 303
