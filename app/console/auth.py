@@ -19,7 +19,7 @@ import math
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -41,13 +41,16 @@ from signoff.app.console.passwords import verify_password, waste_a_verification
 from signoff.app.db import dialect_of, insert_ignoring
 from signoff.app.deps import RuntimeDep
 from signoff.app.models import ConsoleSessionRevocation, utcnow
+from signoff.app.operators import operator_voter
 from signoff.app.requests.eligibility import Voter
 from signoff.app.runtime import Runtime
+from signoff.channels import Assurance
 
 __all__ = [
     "COOKIE_PATH",
     "FLASH_COOKIE",
     "SESSION_COOKIE",
+    "TOKEN_PREFIX",
     "CheckedFormDep",
     "ConsoleSession",
     "CsrfRefused",
@@ -59,9 +62,13 @@ __all__ = [
     "SignedInDep",
     "authenticate",
     "end_session",
+    "ended",
     "safe_next",
+    "voter_of",
 ]
 
+TOKEN_PREFIX = "sop_"
+"""How a personal token for the command line starts."""
 SESSION_COOKIE = "signoff_session"
 FLASH_COOKIE = "signoff_flash"
 COOKIE_PATH = "/ui"
@@ -110,6 +117,7 @@ class Keys:
         self.max_age = max_age
         self._sessions = URLSafeSerializer(secret, salt="signoff.console.session")
         self._flash = URLSafeTimedSerializer(secret, salt="signoff.console.flash")
+        self._tokens = URLSafeSerializer(secret, salt="signoff.cli.personal-token")
         self._csrf_key = hmac.new(secret.encode(), b"signoff.console.csrf", hashlib.sha256).digest()
 
     def encode(self, session: ConsoleSession) -> str:
@@ -123,12 +131,29 @@ class Keys:
             data["p"] = dict(session.person)
         return self._sessions.dumps(data)
 
-    def decode(self, raw: str | None) -> ConsoleSession | None:
+    def encode_token(self, session: ConsoleSession) -> str:
+        """A personal token for the command line: ``session``'s identity, signed apart from
+        cookies (a token is never a cookie, nor a cookie a token)."""
+        data: dict[str, Any] = {"n": session.nonce, "e": session.expires, "o": session.operator}
+        data["f"] = session.fingerprint
+        if session.person is not None:
+            data["p"] = dict(session.person)
+        return TOKEN_PREFIX + self._tokens.dumps(data)
+
+    def decode_token(self, raw: str | None) -> ConsoleSession | None:
+        """The identity a personal token carries, or None if it is forged or past its expiry."""
+        if not raw or not raw.startswith(TOKEN_PREFIX):
+            return None
+        return self.decode(raw.removeprefix(TOKEN_PREFIX), serializer=self._tokens)
+
+    def decode(
+        self, raw: str | None, *, serializer: URLSafeSerializer | None = None
+    ) -> ConsoleSession | None:
         """The session in a cookie, or None if it is missing, forged or past its expiry."""
         if not raw:
             return None
         try:
-            data: Any = self._sessions.loads(raw)
+            data: Any = (serializer or self._sessions).loads(raw)
             person = data.get("p")
             if person is not None and not isinstance(person, dict):
                 return None
@@ -249,6 +274,31 @@ def session_of(request: Request) -> ConsoleSession | None:
     return keys_of(request).decode(request.cookies.get(SESSION_COOKIE))
 
 
+def voter_of(
+    session: ConsoleSession, config: SignoffConfig, *, via: str, assurance: Assurance
+) -> Voter | None:
+    """Who votes with ``session`` (a console sign-in, or the identity in a personal token) when
+    it still holds, identified at ``assurance`` (a password's, or the token's); None if it no
+    longer holds (the password changed, the operator removed, OIDC reconfigured)."""
+    if session.operator is None:
+        return None
+    if session.person is not None:
+        from signoff.app.console import oidc
+
+        voter = oidc.session_voter(session, config)
+        if voter is None:
+            return None
+        if assurance is Assurance.OIDC:
+            return voter
+        return replace(voter, assurance=assurance, identity={**(voter.identity or {}), "via": via})
+    if not config.console.password_sign_in and assurance is Assurance.CONSOLE_PASSWORD:
+        return None
+    operator = config.operators.get(session.operator)
+    if operator is None or session.fingerprint != fingerprint(operator):
+        return None
+    return operator_voter(operator.person or session.operator, config, via=via, assurance=assurance)
+
+
 def _signed_in(request: Request, config: SignoffConfig) -> SignedIn | None:
     session = session_of(request)
     if session is None or session.operator is None:
@@ -284,6 +334,11 @@ def _signed_in(request: Request, config: SignoffConfig) -> SignedIn | None:
 
 def _digest(session: ConsoleSession) -> str:
     return hashlib.sha256(session.nonce.encode()).hexdigest()
+
+
+async def ended(runtime: Runtime, session: ConsoleSession) -> bool:
+    """Whether ``session`` (or the personal token carrying it) was signed out or revoked."""
+    return await _ended(runtime, session)
 
 
 async def _ended(runtime: Runtime, session: ConsoleSession) -> bool:

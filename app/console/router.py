@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
-from signoff.app import queries
+from signoff.app import audit, queries
 from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
 from signoff.app.console import auth, oidc, pages
@@ -391,6 +392,72 @@ async def revoke_grant(
     else:
         flash = Flash(False, f"Grant {grant_id} was already revoked by {grant.revoked_by}.")
     response = _see_other("/ui/grants")
+    auth.set_flash(response, request, flash)
+    return response
+
+
+# --- personal tokens for the command line --------------------------------------------------------
+
+TOKEN_DAYS = (1, 7, 30, 90)
+
+
+def _tokens_page(
+    request: Request, who: auth.SignedIn, *, token: str | None = None, until: datetime | None = None
+) -> Response:
+    context = {"who": who, "nav": "tokens", "token": token, "until": until, "flash": auth.read_flash(request)}
+    response = page(request, "tokens.html", context)
+    auth.forget_flash(request, response)
+    return response
+
+
+@router.get("/tokens")
+async def show_tokens(request: Request, who: SignedInDep) -> Response:
+    return _tokens_page(request, who)
+
+
+@router.post("/tokens")
+async def create_token(
+    request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+) -> Response:
+    """A personal token carrying the signed-in identity (shown once; its creation audited)."""
+    raw = form.get("days")
+    days = int(raw) if isinstance(raw, str) and raw.isdigit() and int(raw) in TOKEN_DAYS else 30
+    made = ConsoleSession.start(
+        days * 86400,
+        operator=who.session.operator,
+        fingerprint=who.session.fingerprint,
+        person=who.session.person,
+    )
+    until = datetime.fromtimestamp(made.expires, UTC)
+    digest = hashlib.sha256(made.nonce.encode()).hexdigest()[:16]
+    await audit.append(
+        session,
+        Action.TOKEN_CREATED,
+        actor=Actor("web", who.operator, who.name),
+        detail={"token": digest, "expires_at": until.isoformat(), "person": who.person},
+    )
+    return _tokens_page(request, who, token=auth.keys_of(request).encode_token(made), until=until)
+
+
+@router.post("/tokens/revoke")
+async def revoke_token(
+    request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+) -> Response:
+    raw = form.get("token")
+    found = auth.keys_of(request).decode_token(raw.strip() if isinstance(raw, str) else None)
+    if found is None or found.operator != who.session.operator or found.person != who.session.person:
+        flash = Flash(False, "That is not a live token of yours (expired, mistyped, or someone else's).")
+    else:
+        await auth.end_session(session, found, operator=who.operator)
+        digest = hashlib.sha256(found.nonce.encode()).hexdigest()[:16]
+        await audit.append(
+            session,
+            Action.TOKEN_REVOKED,
+            actor=Actor("web", who.operator, who.name),
+            detail={"token": digest},
+        )
+        flash = Flash(True, "The token is revoked: the command line can no longer decide with it.")
+    response = _see_other("/ui/tokens")
     auth.set_flash(response, request, flash)
     return response
 
