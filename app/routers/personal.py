@@ -15,7 +15,7 @@ from signoff.app.deps import Credentials, RuntimeDep, SessionDep
 from signoff.app.operators import decide
 from signoff.app.requests.eligibility import Voter
 from signoff.app.routers import StrictJSONRoute
-from signoff.app.schemas import Problem, RequestOut, Text
+from signoff.app.schemas import Problem, RequestOut, Text, Unprocessable
 from signoff.channels import MAX_REASON_CHARS, Assurance, Verdict
 
 __all__ = ["router"]
@@ -61,7 +61,7 @@ TokenVoterDep = Annotated[Voter, Depends(token_voter)]
 @router.post(
     "/requests/{request_id}/decision",
     response_model=RequestOut,
-    responses={**ERRORS, 409: {"model": Problem}},
+    responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_as_token_holder(
     request_id: str, body: PersonalDecisionIn, voter: TokenVoterDep, runtime: RuntimeDep, session: SessionDep

@@ -10,6 +10,7 @@ import asyncio
 import copy
 import html
 import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from playwright.async_api import Browser, async_playwright, expect
 from sqlmodel import col, select
 
 from signoff.app.config import ConfigError, SignoffConfig, parse_config
@@ -27,6 +29,7 @@ from signoff.app.runtime import Runtime
 from tests.conftest import DEFAULT_CONFIG, Server
 from tests.console.conftest import PASSWORDS, Agent, Console, csrf_of, operators
 from tests.console.fake_oidc import CLIENT_ID, CLIENT_SECRET, Account, FakeProvider, rsa_key
+from tests.console.test_console_browser import CHROMIUM, CHROMIUM_ARGS, need_chromium
 from tests.console.test_console_http import status_of
 
 DANA = Account("sub-dana", "dana@example.com", "Dana", ["payments-leads", "everyone"])
@@ -530,3 +533,29 @@ async def test_a_password_operators_token_stops_with_their_password(
     code, _, err = await _cli(console_server, token, "requests", "approve", other)
     assert code == 1
     assert "sign-in no longer holds" in err
+
+
+# --- in a browser --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Browser]:
+    need_chromium()
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+async def test_the_login_redirect_round_trip_in_chromium(
+    chromium: Browser, console_server: Server, provider: FakeProvider
+) -> None:
+    provider.account = ERIN
+    page = await chromium.new_page()
+    await page.goto(f"{console_server.url}/ui/history")  # sent to sign in, and back after
+    await page.get_by_role("link", name="Sign in with your organisation's account").click()
+    await expect(page).to_have_url(re.compile(r"/ui/history$"))
+    await expect(page.locator(".who")).to_have_text("Erin E.")
+    await page.close()
