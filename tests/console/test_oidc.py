@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import html
+import json
 import os
 import re
 import sys
@@ -26,11 +27,13 @@ from sqlmodel import col, select
 from signoff.app.config import ConfigError, SignoffConfig, parse_config
 from signoff.app.models import Vote
 from signoff.app.runtime import Runtime
-from tests.conftest import DEFAULT_CONFIG, Server
+from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 from tests.console.conftest import PASSWORDS, Agent, Console, csrf_of, operators
 from tests.console.fake_oidc import CLIENT_ID, CLIENT_SECRET, Account, FakeProvider, rsa_key
 from tests.console.test_console_browser import CHROMIUM, CHROMIUM_ARGS, need_chromium
 from tests.console.test_console_http import status_of
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 DANA = Account("sub-dana", "dana@example.com", "Dana", ["payments-leads", "everyone"])
 """In the approving group, not in the directory."""
@@ -559,3 +562,13 @@ async def test_the_login_redirect_round_trip_in_chromium(
     await expect(page).to_have_url(re.compile(r"/ui/history$"))
     await expect(page.locator(".who")).to_have_text("Erin E.")
     await page.close()
+
+
+async def test_the_configuration_shows_the_provider_with_its_secret_masked(
+    console_server: Server, runtime: Runtime
+) -> None:
+    async with httpx.AsyncClient(base_url=console_server.url, headers=ADMIN) as admin:
+        shown = (await admin.get("/v1/admin/config")).json()
+    assert shown["console"]["oidc"]["client_id"] == CLIENT_ID
+    assert shown["console"]["oidc"]["client_secret"] == "********"
+    assert CLIENT_SECRET not in json.dumps(shown)
