@@ -268,6 +268,9 @@ class OidcConfig(BaseModel):
     groups_claim: str | None = None
     """The claim listing the person's groups (``groups``), for ``group:NAME`` approvers;
     read from the ID token, else from the userinfo endpoint."""
+    recheck_seconds: int = Field(default=600, ge=1, le=86400)
+    """How long a sign-in counts before the provider is asked again, without a prompt
+    (``prompt=none``): an account disabled there is signed out at its next request after that."""
 
     @field_validator("issuer")
     @classmethod

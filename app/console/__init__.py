@@ -26,15 +26,21 @@ async def _sign_in_required(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SignInRequired)
     query = {"next": exc.next_url}
     # A stale cookie, or a poll from a page that was signed in: the session has ended.
-    if auth.SESSION_COOKIE in request.cookies or request.headers.get("HX-Request"):
+    if not exc.recheck and (auth.SESSION_COOKIE in request.cookies or request.headers.get("HX-Request")):
         query["ended"] = "1"
-    url = f"/ui/login?{urlencode(query)}"
+    # An OIDC sign-in due to be confirmed goes to the provider, which answers without a prompt.
+    url = (
+        f"/ui/login/oidc?{urlencode({**query, 'recheck': '1'})}"
+        if exc.recheck
+        else f"/ui/login?{urlencode(query)}"
+    )
     if request.headers.get("HX-Request"):
         # A poll from an open page: have htmx take the whole page to the sign-in form.
         response: Response = Response(status_code=401, headers={"HX-Redirect": url})
     else:
         response = RedirectResponse(url, status_code=303)
-    auth.clear_session(response)
+    if not exc.recheck:
+        auth.clear_session(response)
     return secured(response)
 
 

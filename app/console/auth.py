@@ -208,9 +208,11 @@ class SignedIn:
 class SignInRequired(Exception):
     """No valid session: send the browser to the sign-in page (and back to ``next`` after)."""
 
-    def __init__(self, next_url: str) -> None:
+    def __init__(self, next_url: str, *, recheck: bool = False) -> None:
         super().__init__(next_url)
         self.next_url = next_url
+        self.recheck = recheck
+        """The session is signed in through OIDC and due to be checked with the provider again."""
 
 
 class CsrfRefused(Exception):
@@ -377,9 +379,15 @@ async def current_operator(request: Request, runtime: Runtime) -> SignedIn | Non
 
 async def signed_in(request: Request, runtime: RuntimeDep) -> SignedIn:
     who = await current_operator(request, runtime)
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     if who is None:
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise SignInRequired(target if request.method == "GET" else HOME)
+    if who.voter is not None:
+        from signoff.app.console import oidc
+
+        if oidc.due_for_recheck(who.session, runtime.config):
+            # Nothing is done on a sign-in the provider has not confirmed lately.
+            raise SignInRequired(target if request.method == "GET" else HOME, recheck=True)
     return who
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -81,6 +82,8 @@ class Claims:
     email_verified: bool | None = None
     name: str | None = None
     groups: tuple[str, ...] = field(default_factory=tuple)
+    checked: float = 0.0
+    """When the provider last confirmed this sign-in (Unix time)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "groups": list(self.groups)}
@@ -99,8 +102,9 @@ class Claims:
                 else None,
                 name=_text(data.get("name")),
                 groups=tuple(str(g) for g in groups if isinstance(g, str)),
+                checked=float(data.get("checked") or 0.0),
             )
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             return None
 
 
@@ -154,6 +158,16 @@ def person_of(claims: Claims, config: SignoffConfig) -> str | None:
         if identity_key(key) == wanted or (person.email and identity_key(person.email) == wanted):
             return key
     return None
+
+
+def due_for_recheck(session: Any, config: SignoffConfig) -> bool:
+    """Whether an OIDC session's last confirmation by the provider is older than
+    ``console.oidc.recheck_seconds`` (the provider is asked again before anything is shown or done)."""
+    oidc = config.console.oidc
+    claims = Claims.from_dict(session.person) if session.person is not None else None
+    if oidc is None or claims is None:
+        return False
+    return time.time() - claims.checked >= oidc.recheck_seconds
 
 
 def session_voter(session: Any, config: SignoffConfig) -> Voter | None:
@@ -238,10 +252,14 @@ class OidcClients:
         ]
         return metadata
 
-    async def start(self, oidc: OidcConfig, *, redirect_uri: str, next_url: str) -> tuple[str, str]:
-        """The provider's authorization URL to send the browser to, and the flow cookie's value."""
+    async def start(
+        self, oidc: OidcConfig, *, redirect_uri: str, next_url: str, silent: bool = False
+    ) -> tuple[str, str]:
+        """The provider's authorization URL to send the browser to, and the flow cookie's value
+        (``silent``: the provider is to answer without a prompt, confirming a sign-in)."""
         await self._metadata(oidc)
-        found = await self.client(oidc).create_authorization_url(redirect_uri)
+        extra = {"prompt": "none"} if silent else {}
+        found = await self.client(oidc).create_authorization_url(redirect_uri, **extra)
         flow = {
             "state": found["state"],
             "nonce": found["nonce"],
@@ -366,6 +384,7 @@ def _claims(oidc: OidcConfig, values: Mapping[str, Any], groups: list[str]) -> C
         )
     verified = values.get("email_verified")
     return Claims(
+        checked=time.time(),
         issuer=str(values["iss"]),
         subject=str(values["sub"]),
         username=username,

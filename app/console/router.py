@@ -176,8 +176,10 @@ async def sign_in_with_oidc(
     request: Request,
     runtime: RuntimeDep,
     next_: Annotated[str, Query(alias="next", max_length=2000)] = auth.HOME,
+    recheck: bool = False,
 ) -> Response:
-    """Send the browser to the identity provider (see :mod:`signoff.app.console.oidc`)."""
+    """Send the browser to the identity provider (see :mod:`signoff.app.console.oidc`);
+    ``recheck``: to confirm a sign-in, without a prompt."""
     keys = auth.keys_of(request)
     anonymous = auth.session_of(request) or ConsoleSession.start(keys.max_age)
     settings = runtime.config.console.oidc
@@ -194,7 +196,10 @@ async def sign_in_with_oidc(
     clients: oidc.OidcClients = request.app.state.oidc_clients
     try:
         url, flow = await clients.start(
-            settings, redirect_uri=oidc.callback_url(runtime.settings.public_url, request), next_url=next_url
+            settings,
+            redirect_uri=oidc.callback_url(runtime.settings.public_url, request),
+            next_url=next_url,
+            silent=recheck,
         )
     except oidc.SignInRefused as exc:
         return _login_page(request, runtime, anonymous, next_url=next_url, error=exc.reason, status_code=502)
@@ -204,7 +209,7 @@ async def sign_in_with_oidc(
 
 
 @router.get("/oidc/callback")
-async def oidc_callback(request: Request, runtime: RuntimeDep) -> Response:
+async def oidc_callback(request: Request, runtime: RuntimeDep, db: SessionDep) -> Response:
     """The identity provider's redirect back: check everything, then sign the person in."""
     keys = auth.keys_of(request)
     anonymous = auth.session_of(request) or ConsoleSession.start(keys.max_age)
@@ -225,6 +230,10 @@ async def oidc_callback(request: Request, runtime: RuntimeDep) -> Response:
         claims, next_url = await clients.finish(settings, request)
     except oidc.SignInRefused as exc:
         log.warning("console: OIDC sign-in from %s refused: %s", client_address(request), exc.reason)
+        if anonymous.operator is not None:
+            # A sign-in the provider no longer confirms (a disabled account): it ends here.
+            await auth.end_session(db, anonymous, operator=anonymous.operator)
+            anonymous = ConsoleSession.start(keys.max_age)
         response = _login_page(
             request, runtime, anonymous, next_url=auth.HOME, error=exc.reason, status_code=401
         )

@@ -83,6 +83,8 @@ class FakeProvider:
         self.tamper: dict[str, Any] = {}
         self.forge = False
         self.groups_in_id_token = groups_in_id_token
+        self.prompts: list[str | None] = []
+        """The ``prompt`` of each sign-in answered."""
         self.jwks_fetches = 0
         self.discovery_fetches = 0
         self._codes: dict[str, _Code] = {}
@@ -158,8 +160,10 @@ class FakeProvider:
         if q.get("code_challenge_method") != "S256" or not q.get("code_challenge"):
             refused = {**back, "error": "invalid_request", "error_description": "PKCE S256 required"}
             return RedirectResponse(f"{redirect_uri}?{urlencode(refused)}", 302)
-        if self.account is None:
-            return RedirectResponse(f"{redirect_uri}?{urlencode({**back, 'error': 'access_denied'})}", 302)
+        if self.account is None:  # nobody signed in here, or the account is disabled
+            error = "login_required" if q.get("prompt") == "none" else "access_denied"
+            return RedirectResponse(f"{redirect_uri}?{urlencode({**back, 'error': error})}", 302)
+        self.prompts.append(q.get("prompt"))
         code = secrets.token_urlsafe(16)
         self._codes[code] = _Code(
             self.account, q["client_id"], redirect_uri, q.get("nonce"), q["code_challenge"]

@@ -279,6 +279,34 @@ async def test_the_provider_refusing_the_sign_in_is_said_on_the_login_page(
     assert "The identity provider refused the sign-in: access_denied" in answer.text
 
 
+async def test_a_sign_in_is_confirmed_again_without_a_prompt_and_a_disabled_account_signed_out(
+    console: Console, provider: FakeProvider, password_hashes: dict[str, str], runtime: Runtime
+) -> None:
+    body = _body(provider, password_hashes)
+    body["console"]["oidc"]["recheck_seconds"] = 1
+    runtime.config = parse_config(body, source="recheck.yaml")
+    await _sign_in(console, provider, DANA)
+    assert await _who(console) == "Dana"
+    await asyncio.sleep(1.1)
+    again = await console.client.get("/ui/grants", follow_redirects=True)  # confirmed on the way
+    assert again.status_code == 200
+    assert again.url.path == "/ui/grants"
+    assert provider.prompts == [None, "none"]
+
+    copied = console.client.cookies.get("signoff_session")
+    await asyncio.sleep(1.1)
+    provider.account = None  # the account is disabled at the provider
+    refused = await console.client.get("/ui/grants", follow_redirects=True)
+    assert refused.status_code == 401
+    assert "The identity provider refused the sign-in: login_required" in html.unescape(refused.text)
+    assert await _who(console) is None
+    provider.account = DANA  # even enabled again, that session has ended everywhere: sign in anew
+    console.client.cookies.set("signoff_session", str(copied), path="/ui")
+    assert (await console.client.get("/ui/grants")).headers[
+        "location"
+    ] == "/ui/login?next=%2Fui%2Fgrants&ended=1"
+
+
 # --- people, groups and votes ---------------------------------------------------------------------
 
 
