@@ -64,6 +64,9 @@ class Action(StrEnum):
     """A request escalated: its card went to another channel, and more approvers may decide."""
     CONDITION_ERROR = "condition_error"
     """A call denied because a gate's ``when`` could not be evaluated for it, with the error."""
+    TOKEN_CREATED = "token_created"
+    """A personal command-line token made in the console (its digest and expiry, never itself)."""
+    TOKEN_REVOKED = "token_revoked"
 
 
 @dataclass(frozen=True, slots=True)

@@ -627,6 +627,40 @@ def _verdict(name: str) -> Verdict:
     return Verdict(name)
 
 
+def _decide_with_token(request_id: str, verdict: Verdict, reason: str | None, token: str) -> str:
+    """Decide through the server at ``SIGNOFF_URL`` as the person of the personal token: the
+    outcome's message, or :class:`CliError` with the server's reason."""
+    import httpx
+
+    base = os.environ.get("SIGNOFF_URL", "").strip().rstrip("/")
+    if not base:
+        raise CliError("SIGNOFF_TOKEN is set but SIGNOFF_URL is not: set it to the server (https://…)", 2)
+    body = {"verdict": verdict.value, **({"reason": reason} if reason else {})}
+    try:
+        answer = httpx.post(
+            f"{base}/v1/me/requests/{request_id}/decision",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {base} ({type(exc).__name__}); check SIGNOFF_URL") from None
+    try:
+        shown: Any = answer.json()
+    except ValueError:
+        shown = {}
+    detail = shown.get("detail") if isinstance(shown, dict) else None
+    if answer.status_code == 404:
+        raise CliError(f"no request {request_id} at {base}")
+    if answer.status_code != 200:
+        raise CliError(str(detail or f"{base} answered {answer.status_code}"))
+    status = shown.get("status") if isinstance(shown, dict) else None
+    if status == "pending":
+        return f"Vote recorded; request {request_id} is still pending."
+    decided = (shown.get("decided_by") or {}) if isinstance(shown, dict) else {}
+    return f"Request {request_id} is {status} by {decided.get('name') or decided.get('user_id')}."
+
+
 def _decide(
     request_id: str,
     verdict: Verdict,
@@ -639,6 +673,12 @@ def _decide(
     from signoff.app.requests.eligibility import gates_of
     from signoff.app.requests.states import get_request
 
+    token = os.environ.get("SIGNOFF_TOKEN", "").strip()
+    if token and (as_ is None or not as_.strip()):
+        if grant is not None or changes:
+            raise CliError("--grant and --set need the database (--as NAME); a token approves once", 2)
+        typer.echo(_decide_with_token(request_id, verdict, reason, token))
+        return
     settings = _settings()
     config = _config(settings, needed_for=f"`signoff requests {verdict.value}`")
     wanted = _grant_option(grant) if grant is not None else None
@@ -691,7 +731,13 @@ def requests_approve(
     request_id: str,
     reason: Annotated[str | None, typer.Option(help="Why.")] = None,
     as_: Annotated[
-        str | None, typer.Option("--as", metavar="NAME", help="Operator name (a person in the directory).")
+        str | None,
+        typer.Option(
+            "--as",
+            metavar="NAME",
+            help="Operator name (a person in the directory), deciding on the database; without it, "
+            "SIGNOFF_TOKEN (a personal token from the console) decides through SIGNOFF_URL.",
+        ),
     ] = None,
     grant: Annotated[
         str | None,
@@ -720,7 +766,13 @@ def requests_reject(
     request_id: str,
     reason: Annotated[str | None, typer.Option(help="Why (shown to the agent).")] = None,
     as_: Annotated[
-        str | None, typer.Option("--as", metavar="NAME", help="Operator name (a person in the directory).")
+        str | None,
+        typer.Option(
+            "--as",
+            metavar="NAME",
+            help="Operator name (a person in the directory), deciding on the database; without it, "
+            "SIGNOFF_TOKEN (a personal token from the console) decides through SIGNOFF_URL.",
+        ),
     ] = None,
 ) -> None:
     """Reject a request as an operator."""

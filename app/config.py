@@ -58,6 +58,8 @@ __all__ = [
     "WEBHOOK_EVENTS",
     "AgentConfig",
     "ConfigError",
+    "ConsoleConfig",
+    "OidcConfig",
     "Operator",
     "Person",
     "SignoffConfig",
@@ -240,6 +242,65 @@ class WebhookConfig(BaseModel):
             return True
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class OidcConfig(BaseModel):
+    """``console.oidc``: console sign-in through the organisation's identity provider (OpenID
+    Connect: discovery, authorization code with PKCE, state and nonce, a checked ID token)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    issuer: str
+    """The provider's issuer URL (``https://login.example.com/realms/corp``): its discovery
+    document is at ``<issuer>/.well-known/openid-configuration`` and must name this issuer."""
+    client_id: str = Field(min_length=1)
+    client_secret: SecretStr
+    scopes: tuple[str, ...] = ("openid", "email", "profile")
+    username_claim: str = "email"
+    """The claim that names the person: matched against the directory's emails (``email``,
+    when the provider has verified it) or its keys and emails (any other claim)."""
+    groups_claim: str | None = None
+    """The claim listing the person's groups (``groups``), for ``group:NAME`` approvers;
+    read from the ID token, else from the userinfo endpoint."""
+    recheck_seconds: int = Field(default=600, ge=1, le=86400)
+    """How long a sign-in counts before the provider is asked again, without a prompt
+    (``prompt=none``): an account disabled there is signed out at its next request after that."""
+
+    @field_validator("issuer")
+    @classmethod
+    def _https_issuer(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.query or parts.fragment or not parts.hostname:
+            raise ValueError("the issuer is an https:// URL without query or fragment")
+        if parts.scheme != "https" and not (parts.scheme == "http" and _loopback(parts.hostname)):
+            raise ValueError("the issuer must be https:// (http:// only on this machine, for testing)")
+        return value.strip().rstrip("/")
+
+    @field_validator("scopes")
+    @classmethod
+    def _openid_scope(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if "openid" not in value:
+            raise ValueError("scopes must include openid (the ID token comes with it)")
+        return tuple(dict.fromkeys(value))
+
+
+class ConsoleConfig(BaseModel):
+    """``console``: how people sign in to the console."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    oidc: OidcConfig | None = None
+    password_sign_in: bool = True
+    """Whether ``operators`` may sign in with their passwords (false: only through ``oidc``)."""
+
+
 class _File(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -248,6 +309,7 @@ class _File(BaseModel):
     operators: dict[str, Operator] = {}
     agents: dict[str, AgentConfig] = {}
     webhooks: dict[str, WebhookConfig] = {}
+    console: ConsoleConfig = ConsoleConfig()
     redact: tuple[str, ...] = DEFAULT_REDACT
     version: Literal[1] = 1
 
@@ -265,6 +327,7 @@ class SignoffConfig:
     version: str = ""
     """:func:`config_version` of this configuration."""
     webhooks: Mapping[str, WebhookConfig] = field(default_factory=dict)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
     @cached_property
     def _subscribers(self) -> dict[str, tuple[str, ...]]:
@@ -545,6 +608,24 @@ def _unknown_approver(approver: str, kind: str, doc: _File) -> str:
     return f"{approver!r} is neither in people nor {what}; {fix}"
 
 
+def _group_problems(approver: str, kind: str, channel: str, doc: _File) -> list[str]:
+    """Why ``group:NAME`` cannot approve on the ``kind`` channel ``channel`` (none: it can)."""
+    if not approver.removeprefix("group:").strip():
+        return [f"{approver!r} names no group; write group:NAME, e.g. group:payments-leads"]
+    oidc = doc.console.oidc
+    if oidc is None or not oidc.groups_claim:
+        return [
+            f"{approver!r} is a group of the identity provider, but console.oidc.groups_claim is not "
+            "set; configure console.oidc with groups_claim (e.g. groups)"
+        ]
+    if identity_of(kind).by_email:
+        return [
+            f"{approver!r}: the {kind} channel {channel!r} mails each approver, and a group has no "
+            "address; list people, or put the gate on a channel its members see"
+        ]
+    return []
+
+
 def _approver_problems(
     approvers: Iterable[str], where: str, kind: str, doc: _File, *, channel: str
 ) -> list[str]:
@@ -558,6 +639,9 @@ def _approver_problems(
     deciders = _deciders(doc.operators)
     problems: list[str] = []
     for j, approver in enumerate(approvers):
+        if approver.startswith("group:"):
+            problems.extend(f"{where}[{j}]: {p}" for p in _group_problems(approver, kind, channel, doc))
+            continue
         person = doc.people.get(approver)
         if person is not None:
             if identity.by_email and not person.email:
@@ -697,6 +781,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SignoffConfig:
         source=source,
         operators=doc.operators,
         webhooks=doc.webhooks,
+        console=doc.console,
     )
     return replace(config, version=config_version(config))
 
@@ -730,6 +815,8 @@ def config_version(config: SignoffConfig) -> str:
     }
     if config.webhooks:  # absent from the digest when none: versions of files without stay as they were
         content["webhooks"] = {name: _plain(w) for name, w in config.webhooks.items()}
+    if config.console != ConsoleConfig():  # likewise
+        content["console"] = _plain(config.console)
     text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

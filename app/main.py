@@ -33,7 +33,7 @@ from signoff.app.outbox import Dispatcher
 from signoff.app.readiness import UNAVAILABLE as UNAVAILABLE_REASON
 from signoff.app.replicas import REPORT_SECONDS
 from signoff.app.requests.states import NOTIFY_CHANNEL, expire_overdue
-from signoff.app.routers import admin, agent, approve, callbacks, ops, receipts
+from signoff.app.routers import admin, agent, approve, callbacks, ops, personal, receipts
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings, get_settings
 from signoff.app.waiters import Draining, listen_for_decisions
@@ -342,6 +342,7 @@ def create_app(
     app.include_router(approve.router)
     app.include_router(ops.router)
     app.include_router(receipts.router)
+    app.include_router(personal.router)
     console.install(app, settings)
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:

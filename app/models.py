@@ -171,6 +171,9 @@ class Vote(SQLModel, table=True):
     created_at: datetime = _ts(default_factory=utcnow)
     grant_choice: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     """An approval that chose a grant: ``{scope, seconds, same}`` (None: approve once)."""
+    assurance: str | None = Field(default=None, max_length=32)
+    """How the voter was identified: a :class:`signoff.channels.Assurance` value (None: not
+    known, a vote recorded before revision 0013 that nothing identifies)."""
 
 
 class Grant(SQLModel, table=True):

@@ -13,9 +13,17 @@ from signoff.app.requests.eligibility import Voter, gates_of
 from signoff.app.requests.grants import resolve_choice
 from signoff.app.requests.states import get_request
 from signoff.app.requests.votes import VoteResult, apply_vote
-from signoff.channels import GrantChoice, Verdict
+from signoff.channels import Assurance, GrantChoice, Verdict
 
-__all__ = ["GrantNamed", "decide", "operator_voter"]
+__all__ = ["VIA_ASSURANCE", "GrantNamed", "decide", "operator_voter"]
+
+VIA_ASSURANCE: dict[str, Assurance] = {
+    "cli": Assurance.CLI_LOCAL,
+    "api": Assurance.ADMIN_TOKEN,
+    "console": Assurance.CONSOLE_PASSWORD,
+}
+"""How an operator deciding through each surface is identified, unless the surface says
+(a console session signed in through OIDC says ``oidc``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +36,11 @@ class GrantNamed:
     same: Sequence[str] | None = None
 
 
-def operator_voter(operator: str, config: SignoffConfig, *, via: str = "web") -> Voter:
-    """``operator`` voting through the built-in web channel (operator API, CLI, console)."""
+def operator_voter(
+    operator: str, config: SignoffConfig, *, via: str = "web", assurance: Assurance | None = None
+) -> Voter:
+    """``operator`` voting through the built-in web channel (operator API, CLI, console),
+    identified at ``assurance`` (by default, what ``via`` implies)."""
     person = config.person_for("web", operator)
     return Voter(
         channel="web",
@@ -38,6 +49,7 @@ def operator_voter(operator: str, config: SignoffConfig, *, via: str = "web") ->
         person=person,
         identity={"via": via},
         operator=True,
+        assurance=assurance or VIA_ASSURANCE.get(via),
     )
 
 
@@ -52,11 +64,14 @@ async def decide(
     grant: GrantChoice | GrantNamed | None = None,
     arguments: Mapping[str, Any] | None = None,
     via: str = "web",
+    voter: Voter | None = None,
 ) -> VoteResult | None:
     """Vote as ``operator`` through the built-in web channel, with the gate's approver rules
     (approving with ``grant``, or with ``arguments`` changed, when given), reading the request
     once, under lock. A named grant the gates do not offer is refused with nothing recorded.
-    None if there is no such request."""
+    ``voter``: who votes, when the surface knows more than the operator's name (a console
+    session signed in through OIDC: its groups, aliases and assurance). None if there is no
+    such request."""
     req = await get_request(session, request_id, for_update=True)
     if req is None:
         return None
@@ -68,7 +83,7 @@ async def decide(
     return await apply_vote(
         session,
         req,
-        voter=operator_voter(operator, config, via=via),
+        voter=voter or operator_voter(operator, config, via=via),
         verdict=verdict,
         config=config,
         reason=reason,

@@ -298,4 +298,5 @@ def config_view(config: SignoffConfig) -> dict[str, Any]:
         "agents": {a: c.model_dump(mode="json") for a, c in config.agents.items()},
         "redact": sorted(config.redact),
         "webhooks": masked_webhooks(config),
+        "console": masked(config.console.model_dump()),
     }

@@ -196,11 +196,14 @@ class VoteOut(BaseModel):
     created_at: datetime
     grant: GrantChoiceOut | None = None
     """The grant the approval chose (``None``: approve once)."""
+    assurance: str | None = None
+    """How the voter was identified (``oidc``, ``slack_signed``, …); ``None``: not known."""
 
     @classmethod
     def of(cls, v: Vote, gates: Sequence[GateSnapshot] = ()) -> VoteOut:
         return cls(
             grant=GrantChoiceOut.of(v.grant_choice),
+            assurance=v.assurance,
             verdict=v.verdict,
             gate=gates[v.gate].name if 0 <= v.gate < len(gates) else "",
             channel=v.channel,
@@ -223,6 +226,8 @@ class GateOut(BaseModel):
     approved: bool
     """It has its quorum (the request is approved once every gate has)."""
     votes: list[VoteOut]
+    min_assurance: str | None = None
+    """The weakest identification a vote on it may have (``None``: any)."""
 
 
 class RequestOut(BaseModel):
@@ -346,6 +351,7 @@ def _gate_out(
         approvals=approvals,
         approved=approvals >= gate.quorum,
         votes=[VoteOut.of(v, gates) for v in mine],
+        min_assurance=gate.min_assurance,
     )
 
 

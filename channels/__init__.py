@@ -1,5 +1,6 @@
 """Chat-channel adapters behind one small interface (see :mod:`signoff.channels._contract`)."""
 
+from signoff.channels._assurance import ASSURANCE_RANKS, Assurance, assurance_rank, below
 from signoff.channels._contract import (
     ABSENT,
     MAX_EDIT_BYTES,
@@ -39,6 +40,7 @@ from signoff.channels._contract import (
 
 __all__ = [
     "ABSENT",
+    "ASSURANCE_RANKS",
     "MAX_EDIT_BYTES",
     "MAX_EDIT_FIELDS",
     "MAX_EDIT_VALUE_BYTES",
@@ -47,6 +49,7 @@ __all__ = [
     "ArgumentChange",
     "ArgumentLine",
     "ArgumentsView",
+    "Assurance",
     "CallbackRejected",
     "CallbackReply",
     "Card",
@@ -65,6 +68,8 @@ __all__ = [
     "RetryableDeliveryError",
     "Verdict",
     "argument_json",
+    "assurance_rank",
+    "below",
     "changes_text",
     "duration_text",
     "edit_input",

@@ -19,6 +19,8 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
+from signoff.channels._assurance import Assurance
+
 __all__ = [
     "ABSENT",
     "MAX_EDIT_BYTES",
@@ -592,6 +594,9 @@ class Identity:
     """People are addressed one by one at the ``email`` of their directory entry (the email
     channel): that address is their id on this channel type, each approver needs one, and a
     gate on it must list its approvers (nobody else would receive the message)."""
+    assurance: Assurance | None = None
+    """How sure a vote from this channel type is of its voter (recorded with the vote; a
+    gate's ``min_assurance`` compares it). None: unknown, below every level."""
 
     def is_user_id(self, value: str) -> bool:
         """Whether ``value`` could be a user id of this channel type."""

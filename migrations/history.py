@@ -59,6 +59,8 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # Each vote's level goes into its ``identity`` before the column is dropped.
+    "0014": (Drop("vote", "assurance", holds=None),),
     # Signed receipts are evidence: never dropped. The keys go only where no receipt is left
     # for them to verify; the action digest is of no use without the receipts.
     "0013": (

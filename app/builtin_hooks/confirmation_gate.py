@@ -39,7 +39,7 @@ from signoff.app.audit import Action
 from signoff.app.builtin_hooks._filter import ToolFilter, parse_duration
 from signoff.app.metrics import CONDITION_ERRORS
 from signoff.app.spelling import did_you_mean
-from signoff.channels import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS, GrantChoice, duration_text
+from signoff.channels import MAX_EDIT_FIELDS, MAX_GRANT_FIELDS, Assurance, GrantChoice, duration_text
 from signoff.hooks import HookContext, HookResult
 
 __all__ = [
@@ -247,6 +247,9 @@ class ConfirmationGate(ToolFilter):
     gate may take to ask: that is the hook registry's default."""
     allow_self_approval: bool = False
     require_reject_reason: bool = False
+    min_assurance: Assurance | None = None
+    """The weakest identification a vote on it may have (``oidc``, ``slack_signed``, …; see
+    :class:`signoff.channels.Assurance`): a vote identified less surely is refused, saying so."""
     priority: int = 100
     approval_valid_for: timedelta = timedelta(minutes=10)
     """How long after the decision an approval still allows its call (until the call is
@@ -315,7 +318,8 @@ class ConfirmationGate(ToolFilter):
 
     @model_validator(mode="after")
     def _check(self) -> ConfirmationGate:
-        if self.approvers and self.quorum > len(self.approvers):
+        groups = any(a.startswith("group:") for a in self.approvers)
+        if self.approvers and not groups and self.quorum > len(self.approvers):
             raise ValueError(
                 f"quorum {self.quorum} is more than the {len(self.approvers)} approver(s) listed"
             )

@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 
 from signoff.app.console import auth
 from signoff.app.console.auth import CsrfRefused, Keys, SignInRequired
+from signoff.app.console.oidc import OidcClients
 from signoff.app.console.render import STATIC_DIR, page, secured
 from signoff.app.console.router import router
 from signoff.app.settings import Settings
@@ -25,15 +26,21 @@ async def _sign_in_required(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SignInRequired)
     query = {"next": exc.next_url}
     # A stale cookie, or a poll from a page that was signed in: the session has ended.
-    if auth.SESSION_COOKIE in request.cookies or request.headers.get("HX-Request"):
+    if not exc.recheck and (auth.SESSION_COOKIE in request.cookies or request.headers.get("HX-Request")):
         query["ended"] = "1"
-    url = f"/ui/login?{urlencode(query)}"
+    # An OIDC sign-in due to be confirmed goes to the provider, which answers without a prompt.
+    url = (
+        f"/ui/login/oidc?{urlencode({**query, 'recheck': '1'})}"
+        if exc.recheck
+        else f"/ui/login?{urlencode(query)}"
+    )
     if request.headers.get("HX-Request"):
         # A poll from an open page: have htmx take the whole page to the sign-in form.
         response: Response = Response(status_code=401, headers={"HX-Redirect": url})
     else:
         response = RedirectResponse(url, status_code=303)
-    auth.clear_session(response)
+    if not exc.recheck:
+        auth.clear_session(response)
     return secured(response)
 
 
@@ -62,6 +69,7 @@ def install(app: FastAPI, settings: Settings) -> None:
         )
     app.state.console_keys = Keys(secret, max_age=settings.session_max_age_seconds)
     app.state.sign_in_limiter = auth.SignInLimiter()
+    app.state.oidc_clients = OidcClients(secret)
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.add_exception_handler(SignInRequired, _sign_in_required)

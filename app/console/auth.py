@@ -18,7 +18,8 @@ import hmac
 import math
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -40,12 +41,16 @@ from signoff.app.console.passwords import verify_password, waste_a_verification
 from signoff.app.db import dialect_of, insert_ignoring
 from signoff.app.deps import RuntimeDep
 from signoff.app.models import ConsoleSessionRevocation, utcnow
+from signoff.app.operators import operator_voter
+from signoff.app.requests.eligibility import Voter
 from signoff.app.runtime import Runtime
+from signoff.channels import Assurance
 
 __all__ = [
     "COOKIE_PATH",
     "FLASH_COOKIE",
     "SESSION_COOKIE",
+    "TOKEN_PREFIX",
     "CheckedFormDep",
     "ConsoleSession",
     "CsrfRefused",
@@ -57,9 +62,13 @@ __all__ = [
     "SignedInDep",
     "authenticate",
     "end_session",
+    "ended",
     "safe_next",
+    "voter_of",
 ]
 
+TOKEN_PREFIX = "sop_"
+"""How a personal token for the command line starts."""
 SESSION_COOKIE = "signoff_session"
 FLASH_COOKIE = "signoff_flash"
 COOKIE_PATH = "/ui"
@@ -73,12 +82,20 @@ class ConsoleSession:
     """Unix time; the sign-in ends then however active the operator is."""
     operator: str | None = None
     fingerprint: str | None = None
+    person: Mapping[str, Any] | None = None
+    """Signed in through OIDC: who the provider said this is (:class:`signoff.app.console.oidc.Claims`
+    as a dict); None: an operator's password."""
 
     @classmethod
     def start(
-        cls, max_age: float, *, operator: str | None = None, fingerprint: str | None = None
+        cls,
+        max_age: float,
+        *,
+        operator: str | None = None,
+        fingerprint: str | None = None,
+        person: Mapping[str, Any] | None = None,
     ) -> ConsoleSession:
-        return cls(secrets.token_urlsafe(24), time.time() + max_age, operator, fingerprint)
+        return cls(secrets.token_urlsafe(24), time.time() + max_age, operator, fingerprint, person)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,21 +117,48 @@ class Keys:
         self.max_age = max_age
         self._sessions = URLSafeSerializer(secret, salt="signoff.console.session")
         self._flash = URLSafeTimedSerializer(secret, salt="signoff.console.flash")
+        self._tokens = URLSafeSerializer(secret, salt="signoff.cli.personal-token")
         self._csrf_key = hmac.new(secret.encode(), b"signoff.console.csrf", hashlib.sha256).digest()
 
     def encode(self, session: ConsoleSession) -> str:
-        return self._sessions.dumps(
-            {"n": session.nonce, "e": session.expires, "o": session.operator, "f": session.fingerprint}
-        )
+        data: dict[str, Any] = {
+            "n": session.nonce,
+            "e": session.expires,
+            "o": session.operator,
+            "f": session.fingerprint,
+        }
+        if session.person is not None:
+            data["p"] = dict(session.person)
+        return self._sessions.dumps(data)
 
-    def decode(self, raw: str | None) -> ConsoleSession | None:
+    def encode_token(self, session: ConsoleSession) -> str:
+        """A personal token for the command line: ``session``'s identity, signed apart from
+        cookies (a token is never a cookie, nor a cookie a token)."""
+        data: dict[str, Any] = {"n": session.nonce, "e": session.expires, "o": session.operator}
+        data["f"] = session.fingerprint
+        if session.person is not None:
+            data["p"] = dict(session.person)
+        return TOKEN_PREFIX + self._tokens.dumps(data)
+
+    def decode_token(self, raw: str | None) -> ConsoleSession | None:
+        """The identity a personal token carries, or None if it is forged or past its expiry."""
+        if not raw or not raw.startswith(TOKEN_PREFIX):
+            return None
+        return self.decode(raw.removeprefix(TOKEN_PREFIX), serializer=self._tokens)
+
+    def decode(
+        self, raw: str | None, *, serializer: URLSafeSerializer | None = None
+    ) -> ConsoleSession | None:
         """The session in a cookie, or None if it is missing, forged or past its expiry."""
         if not raw:
             return None
         try:
-            data: Any = self._sessions.loads(raw)
-            session = ConsoleSession(str(data["n"]), float(data["e"]), data["o"], data["f"])
-        except (BadSignature, KeyError, TypeError, ValueError):
+            data: Any = (serializer or self._sessions).loads(raw)
+            person = data.get("p")
+            if person is not None and not isinstance(person, dict):
+                return None
+            session = ConsoleSession(str(data["n"]), float(data["e"]), data["o"], data["f"], person)
+        except (BadSignature, KeyError, TypeError, ValueError, AttributeError):
             return None
         return session if session.expires > time.time() else None
 
@@ -148,14 +192,27 @@ class SignedIn:
     name: str
     csrf: str
     session: ConsoleSession
+    voter: Voter | None = None
+    """Signed in through OIDC: who votes (with their groups, aliases and assurance); None: the
+    operator ``person``, identified by their password."""
+
+    def may_operate(self, config: SignoffConfig) -> bool:
+        """Whether they may act for the service (switches, revoking grants): an operator, or a
+        person signed in through OIDC whom an operator entry decides as."""
+        if self.voter is None:
+            return True
+        person = self.voter.person
+        return person is not None and any((o.person or n) == person for n, o in config.operators.items())
 
 
 class SignInRequired(Exception):
     """No valid session: send the browser to the sign-in page (and back to ``next`` after)."""
 
-    def __init__(self, next_url: str) -> None:
+    def __init__(self, next_url: str, *, recheck: bool = False) -> None:
         super().__init__(next_url)
         self.next_url = next_url
+        self.recheck = recheck
+        """The session is signed in through OIDC and due to be checked with the provider again."""
 
 
 class CsrfRefused(Exception):
@@ -219,10 +276,51 @@ def session_of(request: Request) -> ConsoleSession | None:
     return keys_of(request).decode(request.cookies.get(SESSION_COOKIE))
 
 
+def voter_of(
+    session: ConsoleSession, config: SignoffConfig, *, via: str, assurance: Assurance
+) -> Voter | None:
+    """Who votes with ``session`` (a console sign-in, or the identity in a personal token) when
+    it still holds, identified at ``assurance`` (a password's, or the token's); None if it no
+    longer holds (the password changed, the operator removed, OIDC reconfigured)."""
+    if session.operator is None:
+        return None
+    if session.person is not None:
+        from signoff.app.console import oidc
+
+        voter = oidc.session_voter(session, config)
+        if voter is None:
+            return None
+        if assurance is Assurance.OIDC:
+            return voter
+        return replace(voter, assurance=assurance, identity={**(voter.identity or {}), "via": via})
+    if not config.console.password_sign_in and assurance is Assurance.CONSOLE_PASSWORD:
+        return None
+    operator = config.operators.get(session.operator)
+    if operator is None or session.fingerprint != fingerprint(operator):
+        return None
+    return operator_voter(operator.person or session.operator, config, via=via, assurance=assurance)
+
+
 def _signed_in(request: Request, config: SignoffConfig) -> SignedIn | None:
     session = session_of(request)
     if session is None or session.operator is None:
         return None
+    if session.person is not None:
+        from signoff.app.console import oidc  # only where OIDC sessions exist
+
+        voter = oidc.session_voter(session, config)
+        if voter is None:
+            return None
+        return SignedIn(
+            operator=session.operator,
+            person=voter.key,
+            name=voter.name or voter.key,
+            csrf=keys_of(request).csrf_token(session),
+            session=session,
+            voter=voter,
+        )
+    if not config.console.password_sign_in:
+        return None  # password sign-in turned off: its sessions end too
     operator = config.operators.get(session.operator)
     if operator is None or session.fingerprint != fingerprint(operator):
         return None
@@ -238,6 +336,11 @@ def _signed_in(request: Request, config: SignoffConfig) -> SignedIn | None:
 
 def _digest(session: ConsoleSession) -> str:
     return hashlib.sha256(session.nonce.encode()).hexdigest()
+
+
+async def ended(runtime: Runtime, session: ConsoleSession) -> bool:
+    """Whether ``session`` (or the personal token carrying it) was signed out or revoked."""
+    return await _ended(runtime, session)
 
 
 async def _ended(runtime: Runtime, session: ConsoleSession) -> bool:
@@ -276,9 +379,15 @@ async def current_operator(request: Request, runtime: Runtime) -> SignedIn | Non
 
 async def signed_in(request: Request, runtime: RuntimeDep) -> SignedIn:
     who = await current_operator(request, runtime)
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     if who is None:
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise SignInRequired(target if request.method == "GET" else HOME)
+    if who.voter is not None:
+        from signoff.app.console import oidc
+
+        if oidc.due_for_recheck(who.session, runtime.config):
+            # Nothing is done on a sign-in the provider has not confirmed lately.
+            raise SignInRequired(target if request.method == "GET" else HOME, recheck=True)
     return who
 
 

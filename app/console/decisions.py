@@ -65,6 +65,7 @@ async def decide_from_form(
         grant=grant,
         arguments=arguments or None,
         via="console",
+        voter=who.voter,
     )
     if result is None:
         return None

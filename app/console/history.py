@@ -19,9 +19,9 @@ from signoff.app.bodies import storable
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import compact_json, iso
 from signoff.app.console.pages import RequestRow, request_rows, row_of
-from signoff.app.models import ConfirmationRequest, Status, utcnow
+from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.queries import RequestFilter
-from signoff.app.requests.votes import approvals_by_gate
+from signoff.app.requests.votes import approvals_by_gate, votes_of_requests
 
 __all__ = [
     "CSV_COLUMNS",
@@ -51,7 +51,10 @@ CSV_COLUMNS = [
     "decided_by",
     "reason",
     "arguments",
+    "votes",
 ]
+"""``votes``: each vote as ``name: verdict (assurance)``, ``; ``-separated, oldest first (the
+assurance ``unknown`` for votes recorded before it was)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +165,16 @@ def csv_writer(buffer: io.StringIO) -> Any:
     return csv.writer(buffer, quoting=csv.QUOTE_ALL)
 
 
-def _csv_row(row: RequestRow, req: ConfirmationRequest) -> list[str]:
+def _votes_cell(votes: list[Vote]) -> str:
+    """The request's votes in one cell (one line per voter would break a row per request)."""
+    seen: dict[tuple[str, str], str] = {}
+    for v in votes:  # a vote counting for several gates is one row per gate: shown once
+        shown = f"{v.name or v.user_id}: {v.verdict} ({v.assurance or 'unknown'})"
+        seen.setdefault((v.voter, v.verdict), shown)
+    return "; ".join(seen.values())
+
+
+def _csv_row(row: RequestRow, req: ConfirmationRequest, votes: list[Vote]) -> list[str]:
     return [
         csv_cell(v)
         for v in (
@@ -181,6 +193,7 @@ def _csv_row(row: RequestRow, req: ConfirmationRequest) -> list[str]:
             row.decided_by,
             row.reason,
             compact_json(req.arguments),
+            _votes_cell(votes),
         )
     ]
 
@@ -190,7 +203,10 @@ async def _csv_rows(
 ) -> list[list[str]]:
     """The batch's CSV rows, leaving out a request stored in a form that cannot be shown."""
     approvals, now = await approvals_by_gate(session, (r.id for r in batch)), utcnow()
-    return queries.readable(batch, lambda r: _csv_row(row_of(r, approvals, config, now), r))
+    votes = await votes_of_requests(session, [r.id for r in batch])
+    return queries.readable(
+        batch, lambda r: _csv_row(row_of(r, approvals, config, now), r, votes.get(r.id, []))
+    )
 
 
 async def csv_lines(

@@ -23,7 +23,14 @@ from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant,
 from signoff.app.operators import operator_voter
 from signoff.app.queries import RequestFilter
 from signoff.app.requests import edits, grants
-from signoff.app.requests.eligibility import NOT_AN_APPROVER, OWN_CALL, eligible_gates, gates_of, is_not_yet
+from signoff.app.requests.eligibility import (
+    NOT_AN_APPROVER,
+    OWN_CALL,
+    Voter,
+    eligible_gates,
+    gates_of,
+    is_not_yet,
+)
 from signoff.app.requests.states import EXPIRY, get_request
 from signoff.app.requests.votes import GateApprovals, approvals_by_gate, per_gate, votes_for
 from signoff.app.schemas import AuditVerifyOut
@@ -205,6 +212,8 @@ class GateView:
     config_version: str | None = None
     """The configuration the request was gated under."""
     current_version: str = ""
+    min_assurance: str | None = None
+    """The weakest identification a vote on it may have (None: any)."""
 
 
 def _gate_rule(config: SignoffConfig, agent: str, key: str) -> ConfirmationGate | None:
@@ -232,6 +241,7 @@ def gate_views(req: ConfirmationRequest, row: RequestRow, config: SignoffConfig)
                 when=rule.when if rule else None,
                 config_version=snap.config_version,
                 current_version=config.version,
+                min_assurance=snap.min_assurance,
             )
         )
     return views
@@ -302,9 +312,8 @@ class RequestView:
         )
 
 
-def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: SignoffConfig) -> str | None:
+def _hint(req: ConfirmationRequest, voter: Voter, votes: Sequence[Vote], config: SignoffConfig) -> str | None:
     # The state machine's own rule, asked in advance.
-    voter = operator_voter(person, config)
     requesters = (req.requester, req.user_id)
     gates = gates_of(req)
     eligible, why = eligible_gates(
@@ -323,6 +332,8 @@ def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: 
         return "You are not an approver of any of this request's gates: your vote would be refused."
     if why == OWN_CALL:
         return "This call was made on your behalf: you cannot approve it."
+    if why is not None:
+        return why  # e.g. the gate takes votes identified more surely than this sign-in
     voted = {v.gate for v in votes if v.voter == voter.key}
     if eligible and voted.issuperset(eligible):
         return "You have already voted on this request."
@@ -335,8 +346,15 @@ def _hint(req: ConfirmationRequest, person: str, votes: Sequence[Vote], config: 
 
 
 async def request_view(
-    session: AsyncSession, config: SignoffConfig, request_id: str, *, person: str, now: datetime
+    session: AsyncSession,
+    config: SignoffConfig,
+    request_id: str,
+    *,
+    person: str,
+    now: datetime,
+    voter: Voter | None = None,
 ) -> RequestView | None:
+    """``voter``: who would vote from this page (default: ``person`` signed in with a password)."""
     if not plausible_id(request_id):
         return None
     req = await get_request(session, request_id)
@@ -358,7 +376,9 @@ async def request_view(
         refused=[e for e in trail if e.action == Action.VOTE_REFUSED],
         trail=trail,
         deliveries=await queries.deliveries_for(session, request_id),
-        hint=_hint(req, person, votes, config) if req.status == Status.PENDING else None,
+        hint=_hint(req, voter or operator_voter(person, config, via="console"), votes, config)
+        if req.status == Status.PENDING
+        else None,
         offers=[o for o in offers if o.scope != "session" or req.session_id]
         if req.status == Status.PENDING
         else [],

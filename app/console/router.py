@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import quote, urlencode
@@ -11,10 +13,10 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
-from signoff.app import queries
+from signoff.app import audit, queries
 from signoff.app.audit import Action, Actor
 from signoff.app.bodies import without_unstorable
-from signoff.app.console import auth, pages
+from signoff.app.console import auth, oidc, pages
 from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
 from signoff.app.console.decisions import decide_from_form
 from signoff.app.console.history import csv_lines, history_view, jsonl_lines, parse_history
@@ -51,6 +53,18 @@ def _not_found(request: Request, who: auth.SignedIn, request_id: str) -> Respons
     )
 
 
+def _operators_only(request: Request, who: auth.SignedIn, what: str) -> Response:
+    person = who.voter.person if who.voter is not None else None
+    fix = (
+        f"an entry under operators with person: {person} makes them an operator"
+        if person
+        else "add them to people (with this email) and an entry under operators with that person"
+    )
+    message = f"Only operators may {what}; {who.operator} signed in through the identity provider: {fix}."
+    context = {"who": who, "title": "Operators only", "message": message}
+    return page(request, "error.html", context, status_code=403)
+
+
 # --- signing in ----------------------------------------------------------------------------------
 
 
@@ -75,6 +89,8 @@ def _login_page(
             "username": username,
             "ended": ended,
             "operators": bool(runtime.config.operators),
+            "passwords": runtime.config.console.password_sign_in,
+            "oidc": runtime.config.console.oidc is not None,
         },
         status_code=status_code,
     )
@@ -104,6 +120,16 @@ async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
     if not keys.csrf_ok(anonymous, form.get("csrf_token")):
         raise CsrfRefused
     assert anonymous is not None
+    if not runtime.config.console.password_sign_in:
+        return _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=auth.safe_next(form.get("next")),
+            error="Password sign-in is turned off (console.password_sign_in: false); sign in "
+            "through your organisation's identity provider.",
+            status_code=403,
+        )
     name, password = form.get("username"), form.get("password")
     next_url = auth.safe_next(form.get("next"))
     name = name.strip() if isinstance(name, str) else ""
@@ -142,6 +168,88 @@ async def sign_in(request: Request, runtime: RuntimeDep) -> Response:
     session = ConsoleSession.start(keys.max_age, operator=name, fingerprint=auth.fingerprint(operator))
     response = _see_other(next_url)
     auth.set_session(response, request, session)
+    return response
+
+
+@router.get("/login/oidc")
+async def sign_in_with_oidc(
+    request: Request,
+    runtime: RuntimeDep,
+    next_: Annotated[str, Query(alias="next", max_length=2000)] = auth.HOME,
+    recheck: bool = False,
+) -> Response:
+    """Send the browser to the identity provider (see :mod:`signoff.app.console.oidc`);
+    ``recheck``: to confirm a sign-in, without a prompt."""
+    keys = auth.keys_of(request)
+    anonymous = auth.session_of(request) or ConsoleSession.start(keys.max_age)
+    settings = runtime.config.console.oidc
+    next_url = auth.safe_next(next_)
+    if settings is None:
+        return _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=next_url,
+            error="Sign-in through an identity provider is not configured (console.oidc).",
+            status_code=404,
+        )
+    clients: oidc.OidcClients = request.app.state.oidc_clients
+    try:
+        url, flow = await clients.start(
+            settings,
+            redirect_uri=oidc.callback_url(runtime.settings.public_url, request),
+            next_url=next_url,
+            silent=recheck,
+        )
+    except oidc.SignInRefused as exc:
+        return _login_page(request, runtime, anonymous, next_url=next_url, error=exc.reason, status_code=502)
+    response = _see_other(url)
+    clients.set_flow(response, request, flow)
+    return response
+
+
+@router.get("/oidc/callback")
+async def oidc_callback(request: Request, runtime: RuntimeDep, db: SessionDep) -> Response:
+    """The identity provider's redirect back: check everything, then sign the person in."""
+    keys = auth.keys_of(request)
+    anonymous = auth.session_of(request) or ConsoleSession.start(keys.max_age)
+    settings = runtime.config.console.oidc
+    clients: oidc.OidcClients = request.app.state.oidc_clients
+    if settings is None:
+        response = _login_page(
+            request,
+            runtime,
+            anonymous,
+            next_url=auth.HOME,
+            error="Sign-in through an identity provider is not configured (console.oidc).",
+            status_code=404,
+        )
+        clients.clear_flow(response)
+        return response
+    try:
+        claims, next_url = await clients.finish(settings, request)
+    except oidc.SignInRefused as exc:
+        log.warning("console: OIDC sign-in from %s refused: %s", client_address(request), exc.reason)
+        if anonymous.operator is not None:
+            # A sign-in the provider no longer confirms (a disabled account): it ends here.
+            await auth.end_session(db, anonymous, operator=anonymous.operator)
+            anonymous = ConsoleSession.start(keys.max_age)
+        response = _login_page(
+            request, runtime, anonymous, next_url=auth.HOME, error=exc.reason, status_code=401
+        )
+        clients.clear_flow(response)  # a state is used once, whatever the outcome
+        return response
+    claims = oidc.keep_groups(claims, runtime.config)
+    session = ConsoleSession.start(
+        keys.max_age,
+        operator=claims.username,
+        fingerprint=oidc.fingerprint(settings),
+        person=claims.as_dict(),
+    )
+    log.info("console: %s signed in through %s", claims.username, settings.issuer)
+    response = _see_other(auth.safe_next(next_url))
+    auth.set_session(response, request, session)
+    clients.clear_flow(response)
     return response
 
 
@@ -192,7 +300,9 @@ async def queue_rows(
 async def show_request(
     request_id: str, request: Request, who: SignedInDep, runtime: RuntimeDep, session: ReadsDep
 ) -> Response:
-    view = await pages.request_view(session, runtime.config, request_id, person=who.person, now=utcnow())
+    view = await pages.request_view(
+        session, runtime.config, request_id, person=who.person, now=utcnow(), voter=who.voter
+    )
     if view is None:
         return _not_found(request, who, request_id)
     response = page(
@@ -213,7 +323,9 @@ async def request_live(
     v: str = "",
 ) -> Response:
     """The request's votes, cards and trail for the page's poll; a new status reloads the page."""
-    view = await pages.request_view(session, runtime.config, request_id, person=who.person, now=utcnow())
+    view = await pages.request_view(
+        session, runtime.config, request_id, person=who.person, now=utcnow(), voter=who.voter
+    )
     if view is None or view.row.status != seen:
         return secured(Response(status_code=200, headers={"HX-Refresh": "true"}))
     if v == view.version:
@@ -270,9 +382,16 @@ async def show_grants(
 
 @router.post("/grants/{grant_id}/revoke")
 async def revoke_grant(
-    grant_id: str, request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+    grant_id: str,
+    request: Request,
+    who: SignedInDep,
+    form: CheckedFormDep,
+    runtime: RuntimeDep,
+    session: SessionDep,
 ) -> Response:
     """Revoke a grant as the signed-in operator (audited)."""
+    if not who.may_operate(runtime.config):
+        return _operators_only(request, who, "revoke grants")
     grant, revoked = (None, False)
     if pages.plausible_id(grant_id):
         grant, revoked = await grants.revoke(session, grant_id, actor=Actor("web", who.operator, who.name))
@@ -283,6 +402,77 @@ async def revoke_grant(
     else:
         flash = Flash(False, f"Grant {grant_id} was already revoked by {grant.revoked_by}.")
     response = _see_other("/ui/grants")
+    auth.set_flash(response, request, flash)
+    return response
+
+
+# --- personal tokens for the command line --------------------------------------------------------
+
+TOKEN_DAYS = (1, 7, 30, 90)
+
+
+def _tokens_page(
+    request: Request, who: auth.SignedIn, *, token: str | None = None, until: datetime | None = None
+) -> Response:
+    context = {"who": who, "nav": "tokens", "token": token, "until": until, "flash": auth.read_flash(request)}
+    response = page(request, "tokens.html", context)
+    auth.forget_flash(request, response)
+    return response
+
+
+@router.get("/tokens")
+async def show_tokens(request: Request, who: SignedInDep) -> Response:
+    return _tokens_page(request, who)
+
+
+@router.post("/tokens")
+async def create_token(
+    request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+) -> Response:
+    """A personal token carrying the signed-in identity (shown once; its creation audited)."""
+    raw = form.get("days")
+    days = int(raw) if isinstance(raw, str) and raw.isdigit() and int(raw) in TOKEN_DAYS else 30
+    made = ConsoleSession.start(
+        days * 86400,
+        operator=who.session.operator,
+        fingerprint=who.session.fingerprint,
+        person=who.session.person,
+    )
+    until = datetime.fromtimestamp(made.expires, UTC)
+    digest = hashlib.sha256(made.nonce.encode()).hexdigest()[:16]
+    await audit.append(
+        session,
+        Action.TOKEN_CREATED,
+        actor=Actor("web", who.operator, who.name),
+        detail={"token": digest, "expires_at": until.isoformat(), "person": who.person},
+    )
+    return _tokens_page(request, who, token=auth.keys_of(request).encode_token(made), until=until)
+
+
+@router.post("/tokens/revoke")
+async def revoke_token(
+    request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
+) -> Response:
+    raw = form.get("token")
+    found = auth.keys_of(request).decode_token(raw.strip() if isinstance(raw, str) else None)
+
+    def subject(person: Mapping[str, object] | None) -> object:
+        return (person or {}).get("subject")
+
+    mine = found is not None and found.operator == who.session.operator
+    if found is None or not mine or subject(found.person) != subject(who.session.person):
+        flash = Flash(False, "That is not a live token of yours (expired, mistyped, or someone else's).")
+    else:
+        await auth.end_session(session, found, operator=who.operator)
+        digest = hashlib.sha256(found.nonce.encode()).hexdigest()[:16]
+        await audit.append(
+            session,
+            Action.TOKEN_REVOKED,
+            actor=Actor("web", who.operator, who.name),
+            detail={"token": digest},
+        )
+        flash = Flash(True, "The token is revoked: the command line can no longer decide with it.")
+    response = _see_other("/ui/tokens")
     auth.set_flash(response, request, flash)
     return response
 
@@ -433,6 +623,8 @@ async def flip_switch(
     session: SessionDep,
 ) -> Response:
     """Turn a switch a ``readonly_guard`` watches on or off as the signed-in operator (audited)."""
+    if not who.may_operate(runtime.config):
+        return _operators_only(request, who, "turn switches on or off")
     if name not in pages.guarded_switches(runtime.config):
         message = f"No readonly_guard watches a switch {name!r}: add one to an agent's hooks first."
         context = {"who": who, "title": "No such switch", "message": message}

@@ -149,6 +149,7 @@ class ClickService:
             name=self._config.display_name(person) if person else click.user_name,
             person=person,
             identity={**click.identity, **({"event_id": click.event_id} if click.event_id else {})},
+            assurance=identity_of(kind).assurance,
         )
 
     def _needs_email(self, req: ConfirmationRequest, gates: list[GateSnapshot], voter: Voter) -> bool:

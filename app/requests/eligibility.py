@@ -38,9 +38,10 @@ from pydantic import BaseModel, ConfigDict
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.models import ConfirmationRequest
-from signoff.channels import GrantChoice
+from signoff.channels import Assurance, GrantChoice, below
 
 __all__ = [
+    "GROUP_PREFIX",
     "NOT_AN_APPROVER",
     "NOT_HERE",
     "OWN_CALL",
@@ -48,6 +49,7 @@ __all__ = [
     "GateSnapshot",
     "Voter",
     "asked",
+    "assurance_refusal",
     "card_gates",
     "eligible_gates",
     "gate_refusal",
@@ -60,6 +62,22 @@ __all__ = [
 NOT_HERE = "This request's card was not posted here, so a click here does not count."
 NOT_AN_APPROVER = "You are not an approver for this request."
 OWN_CALL = "You cannot approve a call made on your own behalf."
+GROUP_PREFIX = "group:"
+"""An approver written ``group:NAME`` is everyone the identity provider puts in group NAME."""
+_TOO_WEAK = "This gate takes votes identified by "
+
+
+def assurance_refusal(minimum: str, level: Assurance | None) -> str:
+    """Why a vote identified at ``level`` does not count on a gate needing ``minimum``."""
+    how = f"yours was identified by {level.value}" if level else "how yours was identified is unknown"
+    return (
+        f"{_TOO_WEAK}{minimum} or stronger and {how}; sign in to the console through your "
+        "organisation's sign-in to vote."
+        if minimum == Assurance.OIDC.value
+        else f"{_TOO_WEAK}{minimum} or stronger and {how}; vote where you are identified that surely."
+    )
+
+
 _NOT_YET = "This request is escalated to you at "
 
 
@@ -119,6 +137,8 @@ class GateSnapshot(BaseModel):
     """Where it escalates, and who else may decide from when, earliest first."""
     names: dict[str, str] = {}
     """Each approver's (and escalation approver's) display name as the request was made."""
+    min_assurance: str | None = None
+    """The weakest :class:`Assurance` a vote on it may have (None: any)."""
 
     def due(self, elapsed: float | None) -> list[EscalationStep]:
         """The escalations whose time has come ``elapsed`` seconds after the request was made
@@ -163,6 +183,14 @@ class Voter:
     operator: bool = False
     """An authenticated operator (operator API, CLI, console), who may decide a gate posted
     to any channel; everyone else votes only on a card in the channel it was posted to."""
+    assurance: Assurance | None = None
+    """How the voter was identified (None: unknown, below every level)."""
+    groups: frozenset[str] = frozenset()
+    """The identity provider's groups the voter is in, as it said at sign-in (``group:``
+    approvers)."""
+    aliases: tuple[str, ...] = ()
+    """Other identifiers naming the voter (the provider's subject): they count against
+    self-approval, never as being an approver."""
 
     @property
     def key(self) -> str:
@@ -175,7 +203,7 @@ class Voter:
 
 def _names(voter: Voter, config: SignoffConfig) -> tuple[set[str], set[str]]:
     """Everything naming ``voter``: (directory keys, raw identifiers as identity keys)."""
-    raw = [v for v in (voter.user_id, voter.email, voter.person) if v]
+    raw = [v for v in (voter.user_id, voter.email, voter.person, *voter.aliases) if v]
     people = {p for p in (voter.person, *(config.recognise(v) for v in raw)) if p is not None}
     return people, {identity_key(v) for v in raw} - {""}
 
@@ -200,7 +228,12 @@ def _is_approver(approvers: Iterable[str], voter: Voter, config: SignoffConfig) 
     """Whether an entry of ``approvers`` (a directory key or a raw channel id, any spelling)
     names the voter by the id the channel vouched for."""
     own = identity_key(voter.user_id)
+    groups = {identity_key(g) for g in voter.groups}
     for approver in approvers:
+        if approver.startswith(GROUP_PREFIX):
+            if identity_key(approver.removeprefix(GROUP_PREFIX)) in groups:
+                return True
+            continue
         person = config.recognise(approver)
         if person is not None:
             if person == voter.person:
@@ -252,6 +285,8 @@ def gate_refusal(
         return why
     if not gate.allow_self_approval and is_requester(requesters, voter, config):
         return OWN_CALL
+    if gate.min_assurance is not None and below(voter.assurance, gate.min_assurance):
+        return assurance_refusal(gate.min_assurance, voter.assurance)
     return None
 
 
@@ -276,7 +311,9 @@ def _telling(why: str) -> int:
         return 0
     if is_not_yet(why):
         return 1
-    return {NOT_AN_APPROVER: 2, NOT_HERE: 3}.get(why, 4)
+    if why.startswith(_TOO_WEAK):
+        return 2
+    return {NOT_AN_APPROVER: 3, NOT_HERE: 4}.get(why, 5)
 
 
 def card_gates(

@@ -301,6 +301,7 @@ def _snapshot(key: str, gate: ConfirmationGate, config: SignoffConfig) -> GateSn
         quorum=gate.quorum,
         allow_self_approval=gate.allow_self_approval,
         require_reject_reason=gate.require_reject_reason,
+        min_assurance=gate.min_assurance.value if gate.min_assurance is not None else None,
         timeout_seconds=gate.timeout.total_seconds(),
         approval_valid_for_seconds=gate.approval_valid_for.total_seconds(),
         grants=tuple(offer.choice for offer in gate.grants),

@@ -36,6 +36,7 @@ __all__ = [
     "per_gate",
     "refuse_vote",
     "votes_for",
+    "votes_of_requests",
 ]
 
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
@@ -262,6 +263,7 @@ async def _insert_vote(
         email=voter.email,
         reason=reason,
         identity=dict(voter.identity or {}),
+        assurance=voter.assurance.value if voter.assurance is not None else None,
         created_at=now,
         grant_choice=grant.as_dict() if grant is not None else None,
     )
@@ -275,6 +277,7 @@ def _vote_detail(
     if voter.email:
         identity["email"] = voter.email
     detail: dict[str, Any] = {"verdict": verdict.value, "reason": reason, "identity": identity}
+    detail["assurance"] = voter.assurance.value if voter.assurance is not None else None
     if grant is not None:
         detail["grant"] = grant.as_dict()
     return detail
@@ -342,3 +345,16 @@ def per_gate(approvals: GateApprovals, request_id: str, gates: int) -> list[int]
 
 async def votes_for(session: AsyncSession, request_id: str) -> list[Vote]:
     return list((await session.exec(_VOTES_OF, params={"request_id": request_id})).all())
+
+
+async def votes_of_requests(session: AsyncSession, request_ids: Sequence[str]) -> dict[str, list[Vote]]:
+    """The votes on each of ``request_ids``, oldest first (one query, however many)."""
+    found: dict[str, list[Vote]] = {}
+    if not request_ids:
+        return found
+    rows = await session.exec(
+        select(Vote).where(col(Vote.request_id).in_(list(request_ids))).order_by(col(Vote.id))
+    )
+    for vote in rows.all():
+        found.setdefault(vote.request_id, []).append(vote)
+    return found

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from signoff.channels._assurance import Assurance
 from signoff.channels._contract import Identity
 from signoff.channels.email._links import MAX_TOKEN_CHARS, LinkSigner, LinkToken
 from signoff.channels.email._message import Choice, render_html, render_message, render_text, subject_of
@@ -51,7 +52,9 @@ __all__ = [
     "subject_of",
 ]
 
-IDENTITY = Identity(user_id=re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s.]+$"), by_email=True)
+IDENTITY = Identity(
+    user_id=re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s.]+$"), by_email=True, assurance=Assurance.EMAIL_LINK
+)
 """People are addressed by the ``email`` of their directory entry (or an address written as
 an approver); the address is their id on this channel type."""
 

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from signoff.channels._assurance import Assurance
 from signoff.channels._contract import (
     CallbackRejected,
     Click,
@@ -117,7 +118,9 @@ def _reason(action: Mapping[str, Any]) -> str | None:
     return text.strip()[:MAX_REASON_CHARS]
 
 
-IDENTITY = Identity(user_id=re.compile(r"^(ou|on)_[A-Za-z0-9]+$"), aliases=("union_id",))
+IDENTITY = Identity(
+    user_id=re.compile(r"^(ou|on)_[A-Za-z0-9]+$"), aliases=("union_id",), assurance=Assurance.FEISHU_SIGNED
+)
 """A Feishu user is named by their ``open_id`` (``ou_…``, per app) or their ``union_id``
 (``on_…``, the same across a developer's apps): a click names them by both."""
 

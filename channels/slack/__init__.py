@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
 
+from signoff.channels._assurance import Assurance
 from signoff.channels._contract import Identity
 from signoff.channels.slack._blocks import (
     ACTION_APPROVE,
@@ -73,7 +74,7 @@ __all__ = [
     "verify_request",
 ]
 
-IDENTITY = Identity(user_id=re.compile(r"^[UW][A-Z0-9]{2,}$"))
+IDENTITY = Identity(user_id=re.compile(r"^[UW][A-Z0-9]{2,}$"), assurance=Assurance.SLACK_SIGNED)
 """Slack user ids: ``U…`` (or ``W…`` on Enterprise Grid)."""
 
 _INSTALL_HINT = "the slack channel needs slack-sdk and aiohttp: pip install 'signoff[slack]'"

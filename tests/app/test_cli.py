@@ -324,6 +324,7 @@ def test_requests_approve_then_again(cli: Cli) -> None:
     assert shown["status"] == "approved"
     [vote] = shown["votes"]
     assert (vote["verdict"], vote["user_id"], vote["reason"]) == ("approve", "alice", "ok")
+    assert vote["assurance"] == "cli_local"  # on the database itself: whoever --as names
 
     again = cli("requests", "approve", rid, "--as", "bob")
     assert again.returncode == 1

@@ -112,6 +112,11 @@ def test_a_schema_behind_the_code_is_named_until_upgraded(empty_url: str, tmp_pa
             empty_url,
             "ALTER TABLE confirmation_request DROP COLUMN call_digest",
             "ALTER TABLE confirmation_request DROP COLUMN config_version",  # 0012's
+            "ALTER TABLE confirmation_request DROP COLUMN action_digest",  # 0013's
+            "ALTER TABLE confirmation_request DROP COLUMN receipt",
+            "ALTER TABLE confirmation_request DROP COLUMN execution_receipt",
+            "DROP TABLE receipt_key",
+            "ALTER TABLE vote DROP COLUMN assurance",  # 0014's
             "UPDATE alembic_version SET version_num = '0010'",
         )
         _agent_refused(served, agent, SCHEMA_BEHIND)

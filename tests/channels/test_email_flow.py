@@ -263,6 +263,7 @@ async def test_confirming_a_link_decides_as_its_recipient_once(
     decided = await state(http, agent_key, rid)
     assert decided["status"] == "approved"
     assert decided["decided_by"] == {"channel": "mail", "user_id": ALICE, "name": "Alice"}
+    assert [v["assurance"] for v in decided["votes"]] == ["email_link"]
     waited = await http.get(f"/v1/requests/{rid}/wait", headers={"Authorization": f"Bearer {agent_key}"})
     assert waited.json()["status"] == "approved"
 

@@ -120,6 +120,7 @@ async def test_card_click_decides_and_the_agent_is_released(
         votes = (await s.exec(select(Vote).where(col(Vote.request_id) == rid))).all()
     assert len(votes) == 1
     assert votes[0].identity["union_id"] == "on_union_alice"
+    assert votes[0].assurance == "feishu_signed"
 
     # The card in the chat is redrawn to the outcome by the outbox.
     patches = await eventually(lambda: [c for c in fake.calls("PATCH", MESSAGES_PATH) if c.json])

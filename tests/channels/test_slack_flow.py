@@ -113,6 +113,7 @@ async def test_two_approvals_decide_and_every_card_shows_it(
         votes = (await s.exec(select(Vote).where(col(Vote.request_id) == rid))).all()
     assert sorted(v.voter for v in votes) == ["alice", "bob"]
     assert all(v.identity.get("team_id") for v in votes)
+    assert {v.assurance for v in votes} == {"slack_signed"}  # each vote says how its voter was known
 
 
 async def test_a_long_description_does_not_hide_the_command_on_the_card(

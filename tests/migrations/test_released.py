@@ -52,6 +52,9 @@ RELEASED = {
     "2026_12_02_1800-0013_signed_receipts.py": (
         "b43ba515b64f4f10ec84cfd90da540c95207718a9d59ef5b42c16654b9fdd679"
     ),
+    "2026_12_02_1810-0014_vote_assurance.py": (
+        "354283b9eacf001abfba811323533f3040ec43923f964ee546f06cd3e068957b"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 
