@@ -297,6 +297,10 @@ def _receipt_key_in_use(settings: Settings) -> None:
         _with_session(work)
     except receipt_keys.KeyUnavailable as exc:
         raise CliError(str(exc), 2) from None
+    except Exception:
+        # The database is not ready (behind, read-only, unreachable): the server starts all the
+        # same and says why on /readyz; each decision signs its receipt or fails closed then.
+        return
 
 
 def _refuse_undeclared_pooling(settings: Settings) -> None:
