@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from signoff.channels._assurance import Assurance
 from signoff.channels._contract import (
     MAX_REASON_CHARS,
     CallbackRejected,
@@ -23,7 +24,7 @@ from signoff.channels.teams._config import GUID
 __all__ = ["IDENTITY", "EditRefused", "base_conversation", "loose", "parse_invoke"]
 
 
-IDENTITY = Identity(user_id=GUID)
+IDENTITY = Identity(user_id=GUID, assurance=Assurance.TEAMS_JWT)
 """A Teams user is named by their Microsoft Entra object id (``from.aadObjectId``, a GUID):
 the same in every team and chat of the tenant, and what ``people`` carry as ``teams:``."""
 

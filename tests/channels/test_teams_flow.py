@@ -141,6 +141,7 @@ async def test_card_out_verified_click_in_agent_released_card_updated_audit_name
     votes, events = await votes_and_audit(server, rid)
     [vote] = votes
     assert (vote.channel, vote.user_id, vote.voter) == (CHANNEL, ALICE, "alice")
+    assert vote.assurance == "teams_jwt"  # a Bot Framework JWT checked against the keys
     assert vote.identity["tenant_id"] == fake.config()["tenant_id"]
     assert vote.identity["message_id"] == card_id
     [voted] = [e for e in events if e.action == "vote"]
