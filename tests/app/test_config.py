@@ -483,13 +483,26 @@ CHANNEL_BODIES: dict[str, dict[str, Any]] = {
         "chat_id": "oc_x",
     },
     "email": {"type": "email", "smtp_url": "smtps://u:p@mail.example.com:465", "from": "signoff@example.com"},
+    "ntfy": {"type": "ntfy", "server": "https://ntfy.example.com"},
 }
 """A valid channel of each registered type (a new type must be added here)."""
 RAW_IDS = {"slack": "U0BOB123", "feishu": "ou_bob1", "email": "bob@example.com"}
-"""A raw user id of each type that gives its ids a form."""
+"""A raw user id of each type that gives its ids a form (ntfy's topics are people's only)."""
 EVERYONE = {
-    "alice": {"slack": "U0ALICE", "feishu": "ou_alice1", "fake": "U_ALICE", "email": "alice@example.com"},
-    "bob": {"slack": "U0BOB", "feishu": "ou_bob", "fake": "U_BOB", "email": "bob@example.com"},
+    "alice": {
+        "slack": "U0ALICE",
+        "feishu": "ou_alice1",
+        "fake": "U_ALICE",
+        "email": "alice@example.com",
+        "ntfy": "alice-7Qm2",
+    },
+    "bob": {
+        "slack": "U0BOB",
+        "feishu": "ou_bob",
+        "fake": "U_BOB",
+        "email": "bob@example.com",
+        "ntfy": "bob-9Xk4",
+    },
 }
 OPERATORS = {
     "ops": {"password_hash": "$argon2id$x"},
@@ -499,7 +512,9 @@ OPERATORS = {
 
 def test_every_channel_type_is_covered() -> None:
     assert set(CHANNEL_BODIES) == set(CHANNEL_TYPES)
-    assert set(RAW_IDS) == {k for k, t in CHANNEL_TYPES.items() if t.identity.user_id is not None}
+    assert set(RAW_IDS) == {
+        k for k, t in CHANNEL_TYPES.items() if t.identity.user_id is not None and not t.identity.personal
+    }
 
 
 def on_type(kind: str, approvers: list[str], *, escalated: bool = False) -> dict[str, Any]:

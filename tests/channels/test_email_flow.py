@@ -266,9 +266,14 @@ async def test_confirming_a_link_decides_as_its_recipient_once(
     waited = await http.get(f"/v1/requests/{rid}/wait", headers={"Authorization": f"Bearer {agent_key}"})
     assert waited.json()["status"] == "approved"
 
+    # The same person's same decision again: the decision as it stands (200); another
+    # choice of hers after the decision is a conflict naming the final state and who (409).
     again = await confirm(http, alice["Approve once"])
-    assert again.status_code == 409
-    assert "This request was already approved by Alice." in again.text
+    assert again.status_code == 200
+    assert "You already approved this request; it is approved by Alice." in again.text
+    otherwise = await confirm(http, alice["Reject"], reason="no")
+    assert otherwise.status_code == 409
+    assert "This request was already approved by Alice." in otherwise.text
     for path in bob.values():
         shown = await http.get(path)
         assert shown.status_code == 200
