@@ -523,7 +523,7 @@ def _approver_problems(
                 )
             elif identity.personal and not identity.is_user_id(person.ids()[kind]):
                 problems.append(
-                    f"{where}[{j}]: people.{approver}.{kind} is not a {kind} id "
+                    f"{where}[{j}]: people.{approver}.{kind} is not a valid {kind} id "
                     f"(letters, digits, - and _, at most 64); fix people.{approver}.{kind}"
                 )
         elif approver in deciders or (
@@ -589,7 +589,9 @@ def _gate_problems(
     kind = channels[gate.channel].type
     if identity_of(kind).one_by_one and not gate.approvers:
         whom = (
-            "people with an email, or addresses" if identity_of(kind).by_email else f"people with a {kind} id"
+            "people with an email, or addresses"
+            if identity_of(kind).by_email
+            else f"people with their {kind} id"
         )
         problems.insert(
             0,
