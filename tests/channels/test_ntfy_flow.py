@@ -7,6 +7,7 @@ who, an expired or cancelled request 410."""
 from __future__ import annotations
 
 import asyncio
+import html
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from signoff.channels import Verdict
 from signoff.channels.email import LinkSigner, LinkToken
 from tests.channels.fake_ntfy import FakeNtfy, Published
 from tests.conftest import ADMIN_TOKEN, Server
+from tests.console.conftest import CHEAP, PASSWORDS, Console
 from tests.waiting import eventually
 
 PUBLIC = "https://signoff.test"
@@ -49,6 +51,7 @@ def _config(server: str) -> dict[str, Any]:
 
     return {
         "channels": {"phone": {"type": "ntfy", "server": server, "token": TOKEN}},
+        "operators": {"alice": {"password_hash": CHEAP.hash(PASSWORDS["alice"]), "person": "alice"}},
         "people": {
             "alice": {"name": "Alice", "ntfy": ALICE},
             "bob": {"name": "Bob", "ntfy": BOB},
@@ -445,3 +448,27 @@ async def test_reminders_and_escalations_reach_the_phone(
         200,
         "You already approved this request; it is approved by Carol.",
     )
+
+
+async def test_the_console_shows_the_ntfy_deliveries_and_votes(
+    phone_server: tuple[Server, httpx.AsyncClient], ntfy: FakeNtfy, agent_key: str
+) -> None:
+    server, http = phone_server
+    rid = await pre(http, agent_key)
+    [bob] = await notified(ntfy, BOB, rid)
+    await until(lambda: _sent(server, rid))
+    assert (await tap(http, bob, "Approve")).status_code == 200
+    console = Console(server.url)
+    try:
+        assert (await console.sign_in("alice")).status_code == 303
+        page = (await console.get(f"/ui/requests/{rid}")).text
+    finally:
+        await console.aclose()
+    cards = page.split('id="cards-title"')[1].split("</section>")[0]
+    assert '<td data-label="Channel">phone</td>' in cards
+    assert '<td data-label="Kind">post</td>' in cards
+    assert "delivery-sent" in cards
+    assert "Alice, Bob" in html.unescape(cards)
+    assert ALICE not in page
+    assert BOB not in cards
+    assert "Bob" in page.split('id="cards-title"')[0]  # his vote, by name
