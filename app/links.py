@@ -151,7 +151,9 @@ async def open_link(runtime: Runtime, text: str, *, now: datetime) -> LinkPage:
     if isinstance(opened, LinkPage):
         return opened
     if opened.answered is not None:
-        return LinkPage(200, "Nothing to do", "answered", opened.answered, card=opened.card)
+        # An expired or cancelled request answers 410, as its form would (the callback contract).
+        gone = opened.card is not None and opened.card.status in ("expired", "cancelled")
+        return LinkPage(410 if gone else 200, "Nothing to do", "answered", opened.answered, card=opened.card)
     return _confirm(opened, text)
 
 

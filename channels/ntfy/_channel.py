@@ -220,8 +220,8 @@ class NtfyChannel:
                 )
             except DeliveryError as exc:
                 failed[person.user_id] = exc
-                if isinstance(exc, RetryableDeliveryError) and exc.retry_after is not None:
-                    break  # rate-limited: the others would be refused too
+                if isinstance(exc, RetryableDeliveryError):
+                    break  # rate-limited or unwell: the others wait for the retry too
         retry = [e for e in failed.values() if isinstance(e, RetryableDeliveryError)]
         if retry:
             delays = [e.retry_after for e in retry if e.retry_after is not None]

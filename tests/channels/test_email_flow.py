@@ -543,6 +543,9 @@ async def test_links_of_an_expired_or_cancelled_request_answer_410(
     )
     assert cancelled.status_code == 200
     for label in ("Approve once", "Reject"):
+        shown = await http.get(alice[label])
+        assert shown.status_code == 410
+        assert "This request was already cancelled" in html.unescape(shown.text)
         late = await confirm(http, alice[label], reason="x")
         assert late.status_code == 410
         assert "This request was already cancelled" in html.unescape(late.text)
