@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from signoff.channels import Channel, Identity, email, fake, feishu, slack, teams, web
+from signoff.channels import Channel, Identity, email, fake, feishu, ntfy, slack, teams, web
 from signoff.channels.email import LinkSigner
 
 __all__ = [
@@ -34,7 +34,7 @@ class ChannelType:
     create: Callable[[str, Any], Channel] | None = None
     identity: Identity = field(default_factory=Identity)
     create_linked: Callable[[str, Any, LinkSigner], Channel] | None = None
-    """For a channel type whose messages carry signed links back to this server (email):
+    """For a channel type whose messages carry signed links back to this server (email, ntfy):
     built with the server's :class:`LinkSigner` instead of by ``create``."""
     chat: bool = False
     """Its cards are chat messages, redrawn as votes arrive: a decision's reason shows on them."""
@@ -47,6 +47,7 @@ CHANNEL_TYPES: dict[str, ChannelType] = {
     "slack": ChannelType(slack.SlackConfig, slack.create, slack.IDENTITY, chat=True),
     "teams": ChannelType(teams.TeamsConfig, teams.create, teams.IDENTITY, chat=True),
     "email": ChannelType(email.EmailConfig, identity=email.IDENTITY, create_linked=email.create),
+    "ntfy": ChannelType(ntfy.NtfyConfig, identity=ntfy.IDENTITY, create_linked=ntfy.create),
 }
 
 _ANYONE = Identity()

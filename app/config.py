@@ -596,7 +596,9 @@ def _unknown_approver(approver: str, kind: str, doc: _File) -> str:
             f"{approver!r} is an operator who decides as {operator.person!r}; "
             f"list {operator.person!r} instead"
         )
-    patterned = identity_of(kind).user_id is not None
+    identity = identity_of(kind)
+    # Raw ids of a personal type (ntfy topics) are no approvers, and never suggested: secrets.
+    patterned = identity.user_id is not None and not identity.personal
     article = "an" if kind[:1] in "aeiou" else "a"
     what = f"{article} {kind} user id" if patterned else "an operator"
     meant = _identifiers(doc.people).get(identity_key(approver))
@@ -654,7 +656,16 @@ def _approver_problems(
                     f"{where}[{j}]: {approver!r} has no {kind} id in people; "
                     f"add `{kind}: <user id>` to people.{approver}"
                 )
-        elif approver in deciders or (identity.user_id is not None and identity.is_user_id(approver)):
+            elif identity.personal and not identity.is_user_id(person.ids()[kind]):
+                problems.append(
+                    f"{where}[{j}]: people.{approver}.{kind} is not a valid {kind} id "
+                    f"(letters, digits, - and _, at most 64); fix people.{approver}.{kind}"
+                )
+        elif approver in deciders or (
+            # A channel that messages each person at an id of their own takes no raw ids: a
+            # misspelt name would be a topic anyone could subscribe to.
+            identity.user_id is not None and not identity.personal and identity.is_user_id(approver)
+        ):
             continue
         else:
             problems.append(f"{where}[{j}]: {_unknown_approver(approver, kind, doc)}")
@@ -711,11 +722,16 @@ def _gate_problems(
     if why is not None:
         return [why, *problems] if why else problems
     kind = channels[gate.channel].type
-    if identity_of(kind).by_email and not gate.approvers:
+    if identity_of(kind).one_by_one and not gate.approvers:
+        whom = (
+            "people with an email, or addresses"
+            if identity_of(kind).by_email
+            else f"people with their {kind} id"
+        )
         problems.insert(
             0,
             f"{where}.approvers: the {kind} channel {gate.channel!r} sends each approver a message, "
-            "so the gate must list them (people with an email, or addresses)",
+            f"so the gate must list them ({whom})",
         )
     found = _approver_problems(gate.approvers, f"{where}.approvers", kind, doc, channel=gate.channel)
     return [*found, *problems]

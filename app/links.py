@@ -24,7 +24,7 @@ from signoff.app.requests.eligibility import Voter, gates_of
 from signoff.app.requests.states import get_request
 from signoff.app.requests.votes import describe_decided, votes_for
 from signoff.app.runtime import Runtime
-from signoff.channels import MAX_REASON_CHARS, CallbackRejected, Card, Click, Verdict
+from signoff.channels import MAX_REASON_CHARS, CallbackRejected, Card, Click, ClickAnswer, Verdict
 from signoff.channels.email import LinkToken
 
 __all__ = ["LinkPage", "answer_link", "open_link"]
@@ -32,6 +32,9 @@ __all__ = ["LinkPage", "answer_link", "open_link"]
 log = logging.getLogger("signoff.links")
 
 CHANNEL_TYPE = "email"
+LINKED_TYPES = frozenset({"email", "ntfy"})
+"""Channel types whose tokens this page answers: email links, and an ntfy notification's
+Reject… when the gate wants a reason (the page has the field for it)."""
 _REFUSED_TEXT = {
     "link expired": "This link has expired: the request's deadline has passed.",
 }
@@ -88,18 +91,17 @@ async def _open(runtime: Runtime, text: str, now: datetime) -> _Opened | LinkPag
         return _refused(exc.reason, exc.status_code)
     config = runtime.config
     channel = config.channels.get(token.channel)
-    if channel is None or channel.type != CHANNEL_TYPE:
+    if channel is None or channel.type not in LINKED_TYPES:
         return LinkPage(404, "Link not valid", "refused", "This link's channel is no longer configured.")
-    person = config.person_for(CHANNEL_TYPE, token.recipient)
+    kind = channel.type
+    person = config.person_for(kind, token.recipient)
     recipient = config.display_name(person) if person else token.recipient
     async with runtime.reads() as session:
         req = await get_request(session, token.request_id)
         votes = await votes_for(session, token.request_id) if req is not None else []
     if req is None:
         return LinkPage(404, "No such request", "refused", "This request no longer exists.")
-    card = build_card(
-        req, votes, config, CHANNEL_TYPE, channel=token.channel, public_url=runtime.settings.public_url
-    )
+    card = build_card(req, votes, config, kind, channel=token.channel, public_url=runtime.settings.public_url)
     if req.status != Status.PENDING:
         return _Opened(token, card, describe_decided(req), recipient)
     if req.expires_at <= now:
@@ -149,7 +151,9 @@ async def open_link(runtime: Runtime, text: str, *, now: datetime) -> LinkPage:
     if isinstance(opened, LinkPage):
         return opened
     if opened.answered is not None:
-        return LinkPage(200, "Nothing to do", "answered", opened.answered, card=opened.card)
+        # An expired or cancelled request answers 410, as its form would (the callback contract).
+        gone = opened.card is not None and opened.card.status in ("expired", "cancelled")
+        return LinkPage(410 if gone else 200, "Nothing to do", "answered", opened.answered, card=opened.card)
     return _confirm(opened, text)
 
 
@@ -213,7 +217,12 @@ async def answer_link(
         grant=token.grant,
     )
     outcome = await runtime.clicks.click(token.channel, click)
+    # The callback contract: 200 recorded, 200 the same decision again (the page shows it as
+    # it stands), 409 decided otherwise, 410 expired or cancelled.
     if outcome.accepted:
         title = {"approved": "Approved", "rejected": "Rejected"}.get(outcome.card.status, "Vote recorded")
         return LinkPage(200, title, "done", outcome.message, card=outcome.card)
-    return LinkPage(409, "Nothing was done", "refused", outcome.message, card=outcome.card)
+    if outcome.answer is ClickAnswer.REPEATED:
+        return LinkPage(200, "Already decided", "answered", outcome.message, card=outcome.card)
+    code = outcome.answer.status_code
+    return LinkPage(code, "Nothing was done", "refused", outcome.message, card=outcome.card)

@@ -90,7 +90,8 @@ def missing_link_settings(settings: Settings, config: SignoffConfig) -> str | No
     if not missing:
         return None
     return (
-        f"{config.source}: channels.{linked[0]}: email links need {' and '.join(missing)}: "
+        f"{config.source}: channels.{linked[0]}: {config.channels[linked[0]].type} links need "
+        f"{' and '.join(missing)}: "
         "SIGNOFF_PUBLIC_URL is the address approvers open (https://signoff.example.com), "
         "SIGNOFF_SESSION_SECRET a long random value that signs the links "
         "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"

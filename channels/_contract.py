@@ -36,6 +36,7 @@ __all__ = [
     "Card",
     "Channel",
     "Click",
+    "ClickAnswer",
     "ClickHandler",
     "ClickOutcome",
     "DeliveryError",
@@ -597,6 +598,16 @@ class Identity:
     assurance: Assurance | None = None
     """How sure a vote from this channel type is of its voter (recorded with the vote; a
     gate's ``min_assurance`` compares it). None: unknown, below every level."""
+    personal: bool = False
+    """Each approver is sent a message of their own, at their id of this channel type (an
+    ntfy topic): a gate on it must list its approvers, each a person of the directory with
+    an id of this type (no raw ids: a misspelt name would be an id anyone could take)."""
+
+    @property
+    def one_by_one(self) -> bool:
+        """Whether people are reached one by one (by email or at an id of their own), so that
+        a gate on this channel type must list its approvers."""
+        return self.by_email or self.personal
 
     def is_user_id(self, value: str) -> bool:
         """Whether ``value`` could be a user id of this channel type."""
@@ -605,6 +616,49 @@ class Identity:
     def clicker_ids(self, click: Click) -> list[str]:
         """The ids naming whoever clicked, the click's ``user_id`` first."""
         return [click.user_id, *(click.identity[k] for k in self.aliases if click.identity.get(k))]
+
+
+class ClickAnswer(StrEnum):
+    """The one callback contract every decision surface answers by (Slack, Feishu, email
+    links, ntfy actions, the console, the operator API): each maps these to its own answer,
+    an HTTP status where it has one (:attr:`status_code`)."""
+
+    RECORDED = "recorded"
+    """This click's vote was recorded (whether or not it decided the request)."""
+    REPEATED = "repeated"
+    """The same person's same decision again (a double tap, a push client's retry): nothing
+    new is recorded, and the answer is the decision as it stands."""
+    CONFLICT = "conflict"
+    """A decision that cannot count because the request is decided otherwise (or this person
+    already voted the other way): the answer names the final state and who made it."""
+    GONE = "gone"
+    """The request expired or was cancelled: the answer names that state."""
+    REFUSED = "refused"
+    """Not counted for who clicked or where (not an approver, the requester, another
+    channel's card, a reason missing, a grant not offered)."""
+    MISSING = "missing"
+    """There is no such request."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the clicker's decision stands: recorded now or before."""
+        return self in (ClickAnswer.RECORDED, ClickAnswer.REPEATED)
+
+    @property
+    def status_code(self) -> int:
+        """The HTTP status of this answer: 200 recorded or repeated, 409 conflict (and any
+        other refusal), 410 expired or cancelled, 404 no such request."""
+        return _ANSWER_STATUS[self]
+
+
+_ANSWER_STATUS = {
+    ClickAnswer.RECORDED: 200,
+    ClickAnswer.REPEATED: 200,
+    ClickAnswer.CONFLICT: 409,
+    ClickAnswer.GONE: 410,
+    ClickAnswer.REFUSED: 409,
+    ClickAnswer.MISSING: 404,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,6 +671,13 @@ class ClickOutcome:
     """One line for the clicker: the outcome, or why nothing changed."""
     card: Card
     """The request as it stands after the click."""
+    answer: ClickAnswer = ClickAnswer.RECORDED
+    """Which answer of the callback contract this is (a click not ``accepted`` and not said
+    otherwise is ``REFUSED``)."""
+
+    def __post_init__(self) -> None:
+        if not self.accepted and self.answer is ClickAnswer.RECORDED:
+            object.__setattr__(self, "answer", ClickAnswer.REFUSED)
 
 
 class ClickHandler(Protocol):

@@ -69,4 +69,6 @@ async def decide_from_form(
     )
     if result is None:
         return None
-    return Flash(result.accepted, result.message)
+    # The callback contract: the same decision again stands (shown as done); a conflicting or
+    # late one names the final state and who made it.
+    return Flash(result.answer.ok, result.message)

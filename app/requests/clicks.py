@@ -27,7 +27,7 @@ from signoff.app.requests.eligibility import (
 )
 from signoff.app.requests.states import get_request
 from signoff.app.requests.votes import VoteResult, apply_vote, refuse_vote, votes_for
-from signoff.channels import Card, Channel, Click, ClickOutcome, InteractiveChannel, MessageRef
+from signoff.channels import Card, Channel, Click, ClickAnswer, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]
 
@@ -89,7 +89,7 @@ class ClickService:
         card = build_card(
             result.request, votes, self._config, kind, channel=channel, public_url=self._public_url
         )
-        return ClickOutcome(result.accepted, result.message, card)
+        return ClickOutcome(result.accepted, result.message, card, result.answer)
 
     async def _refusal(
         self,
@@ -236,7 +236,9 @@ def _elsewhere(target: InteractiveChannel, posted: MessageRef | None, click: Cli
 
 
 def _no_request(click: Click) -> ClickOutcome:
-    return ClickOutcome(False, "This request no longer exists.", _missing_card(click.request_id))
+    return ClickOutcome(
+        False, "This request no longer exists.", _missing_card(click.request_id), ClickAnswer.MISSING
+    )
 
 
 def _missing_card(request_id: str) -> Card:

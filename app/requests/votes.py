@@ -17,14 +17,14 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
-from signoff.app.config import SignoffConfig
+from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.db import core_row, insert_unless_taken
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.requests import edits, grants
 from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.requests.states import expire, get_request, queue_updates, settle, transition
-from signoff.channels import GrantChoice, Verdict, changes_text, edit_problem
+from signoff.channels import ClickAnswer, GrantChoice, Verdict, changes_text, edit_problem
 
 __all__ = [
     "GateApprovals",
@@ -53,6 +53,17 @@ class VoteResult:
     unprocessable: bool = False
     """Refused for what the vote asked (changed arguments the gates do not allow), not for
     who cast it or when: the operator API answers 422."""
+    answer: ClickAnswer = ClickAnswer.RECORDED
+    """The callback contract's answer (a vote not ``accepted`` and not said otherwise is
+    ``REFUSED``)."""
+
+    def __post_init__(self) -> None:
+        if not self.accepted and self.answer is ClickAnswer.RECORDED:
+            object.__setattr__(self, "answer", ClickAnswer.REFUSED)
+
+
+_GONE = frozenset({Status.EXPIRED, Status.CANCELLED})
+_VERBS = {Verdict.APPROVE.value: "approved", Verdict.REJECT.value: "rejected"}
 
 
 def describe_decided(req: ConfirmationRequest) -> str:
@@ -61,6 +72,32 @@ def describe_decided(req: ConfirmationRequest) -> str:
         return "This request has already expired."
     by = f" by {who}" if who and req.decided_by_channel != "system" else ""
     return f"This request was already {req.status}{by}."
+
+
+def _decided_answer(req: ConfirmationRequest) -> ClickAnswer:
+    return ClickAnswer.GONE if req.status in _GONE else ClickAnswer.CONFLICT
+
+
+async def _own_votes(session: AsyncSession, request_id: str, voter: Voter) -> list[Vote]:
+    """The votes ``voter`` (by their key, in any spelling) cast on request ``request_id``."""
+    key = identity_key(voter.key)
+    return [v for v in await votes_for(session, request_id) if identity_key(v.voter) == key]
+
+
+def _same_decision(votes: Sequence[Vote], verdict: Verdict, grant: GrantChoice | None) -> bool:
+    """Whether ``votes`` (one person's) all are ``verdict`` with ``grant``: a repeat of them."""
+    chosen = grant.as_dict() if grant is not None else None
+    return bool(votes) and all(v.verdict == verdict.value and v.grant_choice == chosen for v in votes)
+
+
+def _repeat_message(req: ConfirmationRequest, verdict: Verdict) -> str:
+    """The decision as it stands, for someone repeating their own ``verdict``."""
+    mine = _VERBS[verdict.value]
+    if req.status == Status.PENDING:
+        return f"You have already voted on this request: you {mine} it; it is still waiting for others."
+    who = req.decided_by_name or req.decided_by_user_id
+    by = f" by {who}" if who else ""
+    return f"You already {mine} this request; it is {req.status}{by}."
 
 
 async def cast_vote(
@@ -130,11 +167,21 @@ async def apply_vote(
         await _audit_refusal(session, req, voter, detail, message)
         return VoteResult(False, message, req, unprocessable=unprocessable)
 
+    async def answered(message: str, answer: ClickAnswer) -> VoteResult:
+        await _audit_refusal(session, req, voter, detail, message)
+        return VoteResult(False, message, req, answer=answer)
+
     if req.status != Status.PENDING:
-        return await refuse(describe_decided(req))
+        # The callback contract: the same person's same decision again is answered with the
+        # decision as it stands; anything else names the final state and who made it.
+        if req.status not in _GONE and _same_decision(
+            await _own_votes(session, request_id, voter), verdict, grant
+        ):
+            return await answered(_repeat_message(req, verdict), ClickAnswer.REPEATED)
+        return await answered(describe_decided(req), _decided_answer(req))
     if req.expires_at <= now:
         await expire(session, req, now=now)
-        return await refuse("This request has already expired.")
+        return await answered("This request has already expired.", ClickAnswer.GONE)
     gates = gates_of(req)
     requesters = (req.requester, req.user_id)
     eligible, why = eligible_gates(
@@ -168,7 +215,10 @@ async def apply_vote(
         i for i in eligible if await _insert_vote(session, request_id, i, voter, verdict, reason, grant, now)
     ]
     if not counted:
-        return await refuse("You have already voted on this request.")
+        mine = [v for v in await _own_votes(session, request_id, voter) if v.gate in eligible]
+        if _same_decision(mine, verdict, grant):
+            return await answered(_repeat_message(req, verdict), ClickAnswer.REPEATED)
+        return await answered("You have already voted on this request.", ClickAnswer.CONFLICT)
     names = [gates[i].name for i in counted]
     log_after_commit(
         session,

@@ -74,12 +74,16 @@ async def read_request(request_id: str, session: ReadsDep) -> AdminRequestOut:
 @router.post(
     "/requests/{request_id}/decision",
     response_model=AdminRequestOut,
-    responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Unprocessable}},
+    responses={**ERRORS, 409: {"model": Problem}, 410: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_request(
     request_id: str, body: DecisionIn, runtime: RuntimeDep, session: SessionDep
 ) -> AdminRequestOut | JSONResponse:
     """Approve or reject as a named operator (a vote like any other; 409 if refused).
+
+    The callback contract: the same operator's same decision again answers 200 with the
+    request as it stands; a conflicting decision after the request is decided answers 409
+    naming the final state and who made it; an expired or cancelled request answers 410.
 
     ``grant``: approve with one of the grants the request's gates offer instead of approving
     once; a grant they do not offer is refused (409) and nothing changes. ``arguments``:
@@ -103,10 +107,11 @@ async def decide_request(
     )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
-    if not result.accepted:
-        # Answered, not raised: the refusal's audit event is committed with the answer.
-        code = status.HTTP_422_UNPROCESSABLE_CONTENT if result.unprocessable else status.HTTP_409_CONFLICT
-        return JSONResponse({"detail": result.message}, code)
+    if not result.answer.ok:
+        # Answered, not raised: the refusal's audit event is committed with the answer. 409
+        # names the final state and who made it; 410: the request expired or was cancelled.
+        code = status.HTTP_422_UNPROCESSABLE_CONTENT if result.unprocessable else result.answer.status_code
+        return JSONResponse({"detail": result.message, "status": result.request.status}, code)
     # The trail as this unit of work leaves it, which commits before the answer is sent.
     return await queries.admin_view_of(session, result.request)
 

@@ -18,7 +18,7 @@ log = logging.getLogger("signoff.callbacks")
 
 @router.post("/{channel_type}/{channel}", include_in_schema=True)
 async def receive_callback(channel_type: str, channel: str, request: Request) -> JSONResponse:
-    """A button click (or verification challenge) from Slack or Feishu."""
+    """A button click (or verification challenge) from Slack or Feishu, or an ntfy action."""
     # The runtime straight from the app: no dependency to solve on the decision's clock.
     runtime: Runtime = request.app.state.runtime
     target = runtime.channels.get(channel)

@@ -25,7 +25,7 @@ from signoff.channels._contract import (
     Person,
     RetryableDeliveryError,
 )
-from signoff.channels.feishu._card import callback_body, render_card, render_reminder
+from signoff.channels.feishu._card import ToastType, callback_body, render_card, render_reminder
 from signoff.channels.feishu._config import FeishuConfig
 from signoff.channels.feishu._errors import TOKEN_INVALID_CODES, api_error
 from signoff.channels.feishu._parse import EditRefused, parse_click
@@ -275,7 +275,10 @@ class FeishuChannel:
             # The old callback answers with the card itself.
             body: Mapping[str, Any] = render_card(outcome.card)
         else:
-            body = callback_body("success" if outcome.accepted else "warning", outcome.message, outcome.card)
+            # The callback contract as a toast: recorded, the same decision again (as it
+            # stands), or why not (decided otherwise, expired or cancelled, refused).
+            kind: ToastType = "success" if outcome.accepted else "info" if outcome.answer.ok else "warning"
+            body = callback_body(kind, outcome.message, outcome.card)
         after = self._enrichment(handler, click.user_id) if fresh and outcome.accepted else None
         return CallbackReply(body=body, after=after)
 

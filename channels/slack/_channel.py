@@ -352,7 +352,7 @@ class SlackChannel:
                 return CallbackReply(body={"response_action": "errors", "errors": errors})
             outcome = await handler.click(self.name, edited.click)
             after = partial(self._enrich, handler, edited.click.user_id)
-            if outcome.accepted:
+            if outcome.answer.ok:
                 return CallbackReply(body={"response_action": "clear"}, after=after)
             errors = {edit_block_id(0): outcome.message[:_MAX_ERROR_CHARS]}
             return CallbackReply(body={"response_action": "errors", "errors": errors}, after=after)
@@ -361,7 +361,7 @@ class SlackChannel:
             return CallbackReply()
         outcome = await handler.click(self.name, click)
         after = partial(self._enrich, handler, click.user_id)
-        if outcome.accepted:
+        if outcome.answer.ok:  # recorded, or the same decision again: the modal closes
             return CallbackReply(body={"response_action": "clear"}, after=after)
         errors = {REASON_BLOCK_ID: outcome.message[:_MAX_ERROR_CHARS]}
         return CallbackReply(body={"response_action": "errors", "errors": errors}, after=after)

@@ -360,15 +360,19 @@ async def test_second_decision_is_409_already_decided(
 ) -> None:
     rid = await ask(http, agent_key)
     assert (await admin.decide(rid, "approve", "alice")).status_code == 200
-    for operator, verdict in [("bob", "approve"), ("bob", "reject"), ("alice", "approve")]:
+    for operator, verdict in [("bob", "approve"), ("bob", "reject"), ("alice", "reject")]:
         again = await admin.decide(rid, verdict, operator, "late")
         assert again.status_code == 409
-        assert again.json()["detail"] == "This request was already approved by Alice."
+        assert again.json() == {"detail": "This request was already approved by Alice.", "status": "approved"}
+    # The same operator's same decision again: the request as it stands (200).
+    repeated = await admin.decide(rid, "approve", "alice", "late")
+    assert repeated.status_code == 200, repeated.text
+    assert repeated.json()["status"] == "approved"
     view = await admin.request(rid)
     assert view["status"] == "approved"
     assert view["decided_by"]["user_id"] == "alice"
     assert len(view["votes"]) == 1
-    assert [e["action"] for e in view["audit"]] == ["created", "vote", "approved"] + ["vote_refused"] * 3
+    assert [e["action"] for e in view["audit"]] == ["created", "vote", "approved"] + ["vote_refused"] * 4
 
 
 async def test_decision_after_the_deadline_expires_the_request(
@@ -383,8 +387,8 @@ async def test_decision_after_the_deadline_expires_the_request(
         assert approvals.created is not None
         rid = approvals.created.id
     r = await admin.decide(rid, "approve", "alice")
-    assert r.status_code == 409
-    assert r.json()["detail"] == "This request has already expired."
+    assert r.status_code == 410
+    assert r.json() == {"detail": "This request has already expired.", "status": "expired"}
     view = await admin.request(rid)
     assert view["status"] == "expired"
     assert view["votes"] == []
@@ -403,8 +407,11 @@ async def test_quorum_two_needs_two_distinct_approvers(
     assert first.json()["decided_by"] is None
 
     twice = await admin.decide(rid, "approve", "alice")
-    assert twice.status_code == 409
-    assert twice.json()["detail"] == "You have already voted on this request."
+    assert twice.status_code == 200  # the same decision again: the request as it stands
+    assert (twice.json()["status"], twice.json()["approvals"]) == ("pending", 1)
+    otherwise = await admin.decide(rid, "reject", "alice", "changed my mind")
+    assert otherwise.status_code == 409
+    assert otherwise.json()["detail"] == "You have already voted on this request."
     assert (await admin.request(rid))["status"] == "pending"
 
     second = await admin.decide(rid, "approve", "carol")
@@ -414,7 +421,13 @@ async def test_quorum_two_needs_two_distinct_approvers(
     assert body["approvals"] == 2
     assert body["decided_by"] == {"channel": "web", "user_id": "carol", "name": "Carol"}
     assert [v["user_id"] for v in body["votes"]] == ["alice", "carol"]
-    assert [e["action"] for e in body["audit"]] == ["created", "vote", "vote_refused", "vote", "approved"]
+    assert [e["action"] for e in body["audit"]] == [
+        "created",
+        "vote",
+        *["vote_refused"] * 2,
+        "vote",
+        "approved",
+    ]
 
 
 async def test_quorum_two_first_approval_then_reject_rejects(

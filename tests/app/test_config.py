@@ -492,6 +492,7 @@ CHANNEL_BODIES: dict[str, dict[str, Any]] = {
         "tenant_id": "72f988bf-86f1-41af-91ab-2d7cd011db47",
         "conversation_id": "19:ops@thread.tacv2",
     },
+    "ntfy": {"type": "ntfy", "server": "https://ntfy.example.com"},
 }
 """A valid channel of each registered type (a new type must be added here)."""
 RAW_IDS = {
@@ -500,7 +501,7 @@ RAW_IDS = {
     "email": "bob@example.com",
     "teams": "0b0b0000-0000-4000-8000-0000000000b1",
 }
-"""A raw user id of each type that gives its ids a form."""
+"""A raw user id of each type that gives its ids a form (ntfy's topics are people's only)."""
 EVERYONE = {
     "alice": {
         "slack": "U0ALICE",
@@ -508,6 +509,7 @@ EVERYONE = {
         "fake": "U_ALICE",
         "email": "alice@example.com",
         "teams": "0a11ce00-0000-4000-8000-0000000000a1",
+        "ntfy": "alice-7Qm2",
     },
     "bob": {
         "slack": "U0BOB",
@@ -515,6 +517,7 @@ EVERYONE = {
         "fake": "U_BOB",
         "email": "bob@example.com",
         "teams": "0b0b0000-0000-4000-8000-0000000000b0",
+        "ntfy": "bob-9Xk4",
     },
 }
 OPERATORS = {
@@ -525,7 +528,9 @@ OPERATORS = {
 
 def test_every_channel_type_is_covered() -> None:
     assert set(CHANNEL_BODIES) == set(CHANNEL_TYPES)
-    assert set(RAW_IDS) == {k for k, t in CHANNEL_TYPES.items() if t.identity.user_id is not None}
+    assert set(RAW_IDS) == {
+        k for k, t in CHANNEL_TYPES.items() if t.identity.user_id is not None and not t.identity.personal
+    }
 
 
 def on_type(kind: str, approvers: list[str], *, escalated: bool = False) -> dict[str, Any]:

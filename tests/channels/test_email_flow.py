@@ -267,9 +267,14 @@ async def test_confirming_a_link_decides_as_its_recipient_once(
     waited = await http.get(f"/v1/requests/{rid}/wait", headers={"Authorization": f"Bearer {agent_key}"})
     assert waited.json()["status"] == "approved"
 
+    # The same person's same decision again: the decision as it stands (200); another
+    # choice of hers after the decision is a conflict naming the final state and who (409).
     again = await confirm(http, alice["Approve once"])
-    assert again.status_code == 409
-    assert "This request was already approved by Alice." in again.text
+    assert again.status_code == 200
+    assert "You already approved this request; it is approved by Alice." in again.text
+    otherwise = await confirm(http, alice["Reject"], reason="no")
+    assert otherwise.status_code == 409
+    assert "This request was already approved by Alice." in otherwise.text
     for path in bob.values():
         shown = await http.get(path)
         assert shown.status_code == 200
@@ -519,3 +524,34 @@ async def test_a_reminder_mails_who_has_not_voted_and_an_escalation_mails_whom_i
     actions = [a for a, r in await audit_trail(server) if r == rid]
     assert actions.count("reminded") == 1
     assert actions.count("escalated") == 1
+
+
+async def test_links_of_an_expired_or_cancelled_request_answer_410(
+    mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
+) -> None:
+    server, http = mail_server
+    quick = (await pre(http, agent_key, {"tool_name": "quick_fix", "arguments": {}}))["request_id"]
+    alice = links(await mail_to(smtp, ALICE, quick))
+    await until(lambda: _status_is(http, agent_key, quick, "expired"))
+    late = await confirm(http, alice["Approve"])
+    assert late.status_code == 410
+    assert "This link has expired" in late.text
+
+    rid = (await pre(http, agent_key))["request_id"]
+    alice = links(await mail_to(smtp, ALICE, rid))
+    cancelled = await http.post(
+        f"/v1/requests/{rid}/cancel", headers={"Authorization": f"Bearer {agent_key}"}
+    )
+    assert cancelled.status_code == 200
+    for label in ("Approve once", "Reject"):
+        shown = await http.get(alice[label])
+        assert shown.status_code == 410
+        assert "This request was already cancelled" in html.unescape(shown.text)
+        late = await confirm(http, alice[label], reason="x")
+        assert late.status_code == 410
+        assert "This request was already cancelled" in html.unescape(late.text)
+    assert await votes(server, rid) == []
+
+
+async def _status_is(http: httpx.AsyncClient, key: str, rid: str, wanted: str) -> bool:
+    return (await state(http, key, rid))["status"] == wanted

@@ -156,7 +156,9 @@ async def test_requests_from_0011_read_decide_and_replay(fresh_url: str, config:
                 json={"verdict": "approve", "operator": "alice"},
                 headers=ADMIN,
             )
-            assert "already voted" in again.text
+            # The same decision again stands as it was (the callback contract): counted once.
+            assert again.status_code == 200, again.text
+            assert (again.json()["status"], again.json()["approvals"]) == ("pending", 1)
             for rid, voters in zip(ids, (["bob"], ["alice", "carol"]), strict=True):
                 for voter in voters:
                     decided = await http.post(

@@ -114,7 +114,9 @@ async def test_requests_and_votes_from_before_still_decide(fresh_url: str, confi
                 json={"verdict": "approve", "operator": "alice"},
                 headers=admin,
             )
-            assert "already voted" in again.text
+            # The same decision again stands as it was (the callback contract): counted once.
+            assert again.status_code == 200, again.text
+            assert (again.json()["status"], again.json()["approvals"]) == ("pending", 1)
             bob = await http.post(
                 f"/v1/admin/requests/{rid}/decision",
                 json={"verdict": "approve", "operator": "bob"},

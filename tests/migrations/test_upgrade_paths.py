@@ -71,7 +71,9 @@ async def test_a_database_left_at_any_release_upgrades_and_serves(
                 json={"verdict": "approve", "operator": "alice"},
                 headers=ADMIN,
             )
-            assert "already voted" in again.text
+            # The same decision again stands as it was (the callback contract): counted once.
+            assert again.status_code == 200, again.text
+            assert (again.json()["status"], again.json()["approvals"]) == ("pending", 1)
             bob = await http.post(
                 f"/v1/admin/requests/{PENDING}/decision",
                 json={"verdict": "approve", "operator": "bob"},

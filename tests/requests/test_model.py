@@ -358,6 +358,9 @@ class Outcome:
     refuse: bool
     why: str
     status: str | None = None
+    repeat: bool = False
+    """The same person's same decision again: answered 200 with the request as it stands,
+    nothing recorded (the callback contract)."""
     approved: dict[str, Any] | None = None
     grants: list[tuple[str, Offer, bool]] = field(default_factory=list)
     apply: Callable[[], None] = lambda: None
@@ -366,6 +369,15 @@ class Outcome:
 
 def refused(why: str, on_refusal: Callable[[], None] = lambda: None) -> Outcome:
     return Outcome(accept=False, refuse=True, why=why, on_refusal=on_refusal)
+
+
+def _repeats(r: Request, key: str, verdict: str, choice: Offer | None, gates: set[str] | None = None) -> bool:
+    """Whether ``key``'s votes on ``r`` (on ``gates``, else every gate) are all ``verdict``
+    with ``choice``: a vote like them again is a repeat."""
+    mine = [
+        votes[key] for name, votes in r.votes.items() if key in votes and (gates is None or name in gates)
+    ]
+    return bool(mine) and all(v == (verdict, choice) for v in mine)
 
 
 class Model:
@@ -470,7 +482,10 @@ class Model:
         now = self.now()
         if choice is not None and choice not in r.offers:
             return refused("the request's gates do not offer that grant")
+        key = person(operator) or f"web:{operator.strip().casefold()}"
         if r.status != PENDING:
+            if r.status in (APPROVED, REJECTED) and _repeats(r, key, verdict, choice):
+                return Outcome(False, False, "the same decision again", status=r.status, repeat=True)
             return refused(f"the request is {r.status}")
         if now >= r.expires_at:
             return refused(
@@ -507,10 +522,12 @@ class Model:
             asked = {g.name for g in r.asks}
             if any(g.catches(r.call.tool, approved_call) for g in self.policy.gates if g.name not in asked):
                 lenient.append("the changed call reaches a gate not asked")
-        key = voter or f"web:{operator.strip().casefold()}"
+        assert key == (voter or f"web:{operator.strip().casefold()}")
         counted = [g for g in eligible if key not in r.votes.get(g.name, {})]
         if not counted:
-            return refused(f"{operator!r} already voted")
+            if _repeats(r, key, verdict, choice, {g.name for g in eligible}):
+                return Outcome(False, False, "the same vote again", status=r.status, repeat=True)
+            return refused(f"{operator!r} already voted otherwise")
 
         def votes() -> None:
             for g in counted:
@@ -843,13 +860,17 @@ class Approvals(RuleBasedStateMachine):
             self.http.post(f"/v1/admin/requests/{r.id}/decision", json=body, headers=ADMIN)
         )
         said = f"{operator!r} votes {body} on {r.id} ({r.call}): {response.status_code} {response.text}"
-        if response.status_code in (409, 422):
+        if response.status_code in (409, 410, 422):
             if not outcome.refuse:
                 raise ModelMismatch(f"{said}; the model accepts the vote: {outcome.why}")
             outcome.on_refusal()
             return
         if response.status_code != 200:
             raise ModelMismatch(said)
+        if outcome.repeat:
+            if response.json()["status"] != outcome.status:
+                raise ModelMismatch(f"{said}; the model: a repeat of a {outcome.status} request")
+            return
         if not outcome.accept:
             raise UnauthorisedVote(f"{said}; the model refuses it: {outcome.why}")
         outcome.apply()
