@@ -335,6 +335,17 @@ async def radios_sit_left_of_their_labels(page: Page) -> None:
         assert text["y"] <= radio["y"] + radio["height"] / 2 <= first_line, (i, radio, text)
 
 
+async def filter_labels_share_a_line(page: Page) -> None:
+    """The history's first row of filters: every label on one line, at one height (a field's
+    hint sits in its label, not under its input, which would lift that label above the rest)."""
+    tops = []
+    for label in ("Status", "Agent", "Tool contains", "Decided by"):
+        box = await page.locator(f"form.filters label:has-text('{label}')").first.bounding_box()
+        assert box is not None, label
+        tops.append((label, round(box["y"]), round(box["height"])))
+    assert len({(y, h) for _, y, h in tops}) == 1, tops
+
+
 async def test_every_page_at_phone_and_desktop_widths(
     browser: Browser, console_server: Server, agent: Agent, tmp_path: Path
 ) -> None:
@@ -422,6 +433,8 @@ async def test_every_page_at_phone_and_desktop_widths(
         ]:
             await page.goto(base + path)
             wrong.append(await shoot(page, f"{width}-{name}", tmp_path))
+            if name == "history" and width == "desktop":
+                await filter_labels_share_a_line(page)
 
     assert [p.seen for p in problems] == [[], []]
     assert [w for w in wrong if w] == []
