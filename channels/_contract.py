@@ -161,11 +161,13 @@ class GrantChoice:
 
 
 def while_same(fields: Sequence[str]) -> str:
-    """The condition a grant holds its calls to: ``while to stays the same``, ``while to and
-    amount stay the same``."""
-    *rest, last = fields
-    listed = f"{', '.join(rest)} and {last}" if rest else last
-    return f"while {listed} {'stays' if not rest else 'stay'} the same"
+    """The condition a grant holds its calls to: ``while the argument "to" stays the same``,
+    ``while the arguments "amount" and "to" stay the same`` (quoted: a field may be called
+    ``to``, ``for`` or ``and``)."""
+    *rest, last = [f'"{f}"' for f in fields]
+    if not rest:
+        return f"while the argument {last} stays the same"
+    return f"while the arguments {', '.join(rest)} and {last} stay the same"
 
 
 MAX_EDIT_VALUE_BYTES = 4096

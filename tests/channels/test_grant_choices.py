@@ -142,7 +142,7 @@ async def test_a_slack_grant_button_approves_with_that_grant(
     ]
     session_button = elements[1]
     assert session_button["confirm"]["title"]["text"] == "Approve for this session?"
-    assert "to stays the same" in session_button["confirm"]["text"]["text"]
+    assert 'argument "to" stays the same' in session_button["confirm"]["text"]["text"]
 
     answer = await http.post(
         f"/callbacks/slack/{SLACK}", content=(p := slack_press(session_button, "W0ALICE"))[0], headers=p[1]

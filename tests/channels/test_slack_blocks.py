@@ -233,7 +233,8 @@ def test_grants_are_buttons_beside_approve_once_each_with_a_confirmation() -> No
     assert json.loads(session["value"]) == {"request_id": "req-1", "grant": GRANTS[0].as_dict()}
     assert session["confirm"]["title"]["text"] == "Approve for this session?"
     assert session["confirm"]["text"]["text"] == (
-        "For 1h, deploy-bot in this session may run shell.exec again without asking while to stays the same."
+        "For 1h, deploy-bot in this session may run shell.exec again without asking"
+        ' while the argument "to" stays the same.'
     )
     # A press of each button parses back into the approval with that grant.
     for element, grant in zip((session, agent), GRANTS, strict=True):
@@ -246,9 +247,9 @@ def test_grants_are_buttons_beside_approve_once_each_with_a_confirmation() -> No
 @pytest.mark.parametrize(
     ("same", "sentence"),
     [
-        (("to",), "while to stays the same."),
-        (("to", "amount"), "while amount and to stay the same."),
-        (("c", "a", "b"), "while a, b and c stay the same."),
+        (("to",), 'while the argument "to" stays the same.'),
+        (("to", "amount"), 'while the arguments "amount" and "to" stay the same.'),
+        (("c", "a", "b"), 'while the arguments "a", "b" and "c" stay the same.'),
     ],
 )
 def test_a_grant_names_the_fields_it_holds_equal_in_one_sentence(

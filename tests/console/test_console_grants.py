@@ -68,11 +68,14 @@ async def test_the_decision_form_offers_the_gates_grants_and_gives_the_chosen_on
     assert 'name="grant" value="" checked' in page
     assert f'value="{radio(SESSION)}"' in page
     assert f'value="{radio(AGENT)}"' in page
-    assert "while to stays the same" in page
+    assert "while the argument &#34;to&#34; stays the same" in page
 
     shown = await approve(alice, rid, json.dumps(SESSION))
     assert "Approved for this session until" in shown
-    given = r"With a grant for this session until <time [^>]+>[^<]+</time>, while to stays the same:"
+    given = (
+        r"With a grant for this session until <time [^>]+>[^<]+</time>,"
+        r" while the argument &#34;to&#34; stays the same:"
+    )
     assert re.search(given, shown)
     [grant] = await grant_rows(runtime)
     assert (grant.scope, grant.session_id, grant.granted_by) == ("session", "s-1", "Alice")
@@ -81,7 +84,7 @@ async def test_the_decision_form_offers_the_gates_grants_and_gives_the_chosen_on
         json={"tool_name": "transfer_funds", "arguments": {"to": "acme", "n": 2}, "session_id": "s-1"},
     )
     assert later.json()["grant_id"] == grant.id
-    assert later.json()["reason"].endswith(", while to stays the same)")
+    assert later.json()["reason"].endswith(', while the argument "to" stays the same)')
 
 
 async def test_a_call_without_a_session_is_offered_the_agent_grant_only(alice: Console, agent: Agent) -> None:
