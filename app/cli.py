@@ -738,9 +738,8 @@ def audit_verify() -> None:
     if broken is None:
         typer.echo(f"audit chain intact: {count} events")
         return
-    raise CliError(
-        f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)"
-    )
+    at = f" at event {broken.seq}" if broken.seq else ""
+    raise CliError(f"audit chain broken{at}: {broken.problem} ({count} events verified before it)")
 
 
 SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]

@@ -59,6 +59,8 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # The events are linked into one chain again before their chains' columns go.
+    "0013": (Drop("audit_event", "chain_seq", holds=None), Drop("audit_event", "chain", holds=None)),
     # Its version goes back into ``gate`` before the column is dropped.
     "0012": (Drop("confirmation_request", "config_version", holds=None),),
     "0011": (),

@@ -49,6 +49,9 @@ RELEASED = {
     "2026_12_02_1500-0012_each_gate_snapshot_once.py": (
         "7ddaae0de3329602a83371a8bb5792e219551cc3776bf9729405b13590158ccb"
     ),
+    "2026_12_02_1800-0013_audit_chains.py": (
+        "1d4efd3eb5bbfba6a9966e03ddbaa63121e90df36593eecc329a8928284cd3a4"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 
