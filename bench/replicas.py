@@ -42,7 +42,7 @@ def tree(rev: str, into: Path) -> dict[str, str]:
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     pkg = into / "path" / "signoff"
     pkg.mkdir(parents=True)
-    for name in ("app", "channels", "migrations"):
+    for name in ("app", "channels", "migrations", "hooks"):
         (pkg / name).symlink_to(src / name)
     return {"PYTHONPATH": str(into / "path")}
 
