@@ -491,7 +491,7 @@ async def wait_for(runtime: Runtime, agent: str, request_id: str, timeout: float
         del current  # a parked waiter holds no copy of its request
         try:
             async with asyncio.timeout(timeout):  # no extra task: woken in one loop turn
-                await woken.wait()
+                await woken
         except TimeoutError:
             pass
         current = await _own(runtime, agent, request_id)
