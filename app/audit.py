@@ -1,9 +1,39 @@
-"""The audit log: append-only events, each holding the hash of the one before it."""
+"""The audit log: append-only events in hash chains that are not one hot row.
+
+Every event is linked into one of :data:`CHAINS` chains: it stores the hash of the event
+before it in its chain, and its own hash covers its place there (``chain_seq``), that link,
+what happened, who did it, to which request, the details and the time. Each chain's tip
+(its length and last hash) is a row of ``audit_head``, updated in the transaction that
+appends.
+
+Why several chains: with one chain every write on every replica took the same head row's
+lock until it committed (one fsync), so writers queued one behind another and a second
+replica made creation slower. Here a transaction takes whichever chain no one else holds
+(PostgreSQL ``FOR UPDATE SKIP LOCKED``, from a random place), so appenders wait on a head
+only when all :data:`CHAINS` are taken at once; every event of one transaction goes into
+the chain it took first, so a transaction holds at most one head and heads never deadlock.
+On SQLite (one writer at a time anyway) the chain is picked at random.
+
+What ``signoff audit verify`` (:func:`verify_chain`) still detects, chain by chain:
+
+- an edited event: its hash no longer matches its contents;
+- a deleted event: a gap in its chain's numbers;
+- a reordering: the links (``prev_hash``) no longer follow; across chains the order of
+  events is their time, which each hash covers, so moving one is an edit;
+- a truncation: its chain's head counts more events than are there, and a deleted head
+  row (the heads are exactly chains 1 to :data:`CHAINS`) is named too.
+
+As with one chain, someone who can rewrite the database can rewrite a chain's tail and its
+head together: the log holds no anchor outside the database. The event numbers (``seq``) come from the
+database as events are inserted: they order listings, but a transaction that commits late
+can add an event below a number already listed.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,21 +44,60 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app.db import dialect_of
 from signoff.app.models import AuditEvent, AuditHead, utcnow
 
-__all__ = ["Action", "Actor", "BrokenLink", "Entry", "append", "append_many", "event_hash", "verify_chain"]
+__all__ = [
+    "CHAINS",
+    "Action",
+    "Actor",
+    "BrokenLink",
+    "Entry",
+    "append",
+    "append_many",
+    "event_hash",
+    "verify_chain",
+]
 
+CHAINS = 64
+"""How many chains the log has (``audit_head`` holds one row for each, made by migration 0015)."""
 GENESIS = "0" * 64
+"""What the first event of every chain links to."""
 _EVENTS: sa.Table = AuditEvent.__table__  # type: ignore[attr-defined]
 _HEAD: sa.Table = AuditHead.__table__  # type: ignore[attr-defined]
-_TAKE_SEQS = (
+_N = sa.bindparam("n", type_=sa.Integer)
+_TAKE = (
     sa.update(_HEAD)
-    .where(_HEAD.c.id == 1)
-    .values(seq=_HEAD.c.seq + sa.bindparam("n", type_=sa.Integer))
-    .returning(_HEAD.c.seq, _HEAD.c.last_hash)
+    .where(_HEAD.c.id == sa.bindparam("chain", type_=sa.Integer))
+    .values(seq=_HEAD.c.seq + _N)
+    .returning(_HEAD.c.id, _HEAD.c.seq, _HEAD.c.last_hash)
 )
+"""Append to a given chain, waiting for its head if another transaction holds it."""
+_TAKE_FREE = (
+    sa.update(_HEAD)
+    .where(
+        _HEAD.c.id
+        == (
+            sa.select(_HEAD.c.id)
+            .order_by((_HEAD.c.id + CHAINS - sa.bindparam("start", type_=sa.Integer)) % CHAINS)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+    )
+    .values(seq=_HEAD.c.seq + _N)
+    .returning(_HEAD.c.id, _HEAD.c.seq, _HEAD.c.last_hash)
+)
+"""Append to the first chain from ``start`` on that no other transaction holds (PostgreSQL);
+no row when all are held."""
 _INSERT = sa.insert(_EVENTS)
-_SET_HASH = sa.update(_HEAD).where(_HEAD.c.id == 1).values(last_hash=sa.bindparam("new_hash"))
+_SET_HASH = (
+    sa.update(_HEAD)
+    .where(_HEAD.c.id == sa.bindparam("chain", type_=sa.Integer))
+    .values(last_hash=sa.bindparam("new_hash"))
+)
+_HELD = "signoff.audit_chain"
+"""``session.info`` key: (the transaction, the chain it holds)."""
 
 
 class Action(StrEnum):
@@ -133,17 +202,35 @@ async def append(
     await append_many(session, [Entry(action, actor, request_id, detail)])
 
 
+async def _take(session: AsyncSession, n: int) -> tuple[int, int, str]:
+    """Reserve ``n`` places in a chain for the caller's transaction: (chain, the seq before
+    them, the hash they link to)."""
+    tx = session.sync_session.get_transaction()
+    held = session.info.get(_HELD)
+    if tx is not None and held is not None and held[0] is tx:
+        row = (await session.exec(_TAKE, params={"n": n, "chain": held[1]})).one()
+        return int(row[0]), int(row[1]) - n, str(row[2])
+    start = random.randint(1, CHAINS)  # spreads writers over the chains
+    took = None
+    if dialect_of(session) == "postgresql":
+        took = (await session.exec(_TAKE_FREE, params={"n": n, "start": start})).one_or_none()
+    if took is None:  # SQLite, or every chain held by another transaction
+        took = (await session.exec(_TAKE, params={"n": n, "chain": start})).one_or_none()
+    if took is None:
+        raise RuntimeError(f"the audit log has no head for chain {start}: run `signoff db upgrade`")
+    session.info[_HELD] = (session.sync_session.get_transaction(), int(took[0]))
+    return int(took[0]), int(took[1]) - n, str(took[2])
+
+
 async def append_many(session: AsyncSession, entries: Sequence[Entry]) -> None:
     """Append events, in order, in the caller's transaction: three statements however many.
 
-    Taking the sequence numbers is an UPDATE of the single head row, so
-    concurrent appenders (tasks or replicas) queue on its row lock and the
-    chain never forks.
+    The events go into one chain, the one this transaction already appends to or one no
+    other transaction holds (see the module's description).
     """
     if not entries:
         return
-    row = (await session.exec(_TAKE_SEQS, params={"n": len(entries)})).one()
-    seq, prev = int(row[0]) - len(entries), str(row[1])
+    chain, seq, prev = await _take(session, len(entries))
     created_at = utcnow()
     rows = []
     for e in entries:
@@ -162,7 +249,8 @@ async def append_many(session: AsyncSession, entries: Sequence[Entry]) -> None:
         )
         rows.append(
             {
-                "seq": seq,
+                "chain": chain,
+                "chain_seq": seq,
                 "request_id": e.request_id,
                 "action": action,
                 "actor_channel": e.actor.channel,
@@ -178,44 +266,83 @@ async def append_many(session: AsyncSession, entries: Sequence[Entry]) -> None:
     # Prepared Core statements, not the unit of work: no flush bookkeeping, no statement
     # to build and compile per call; several rows go in one statement.
     await session.exec(_INSERT, params=rows)
-    await session.exec(_SET_HASH, params={"new_hash": prev})
+    await session.exec(_SET_HASH, params={"new_hash": prev, "chain": chain})
 
 
 @dataclass(frozen=True, slots=True)
 class BrokenLink:
+    """Where the log is broken: the event's number (``seq``; 0 for a chain's head) and what
+    is wrong, naming the chain."""
+
     seq: int
     problem: str
 
 
-async def _events(session: AsyncSession, upto: int | None, batch: int = 1000) -> AsyncIterator[AuditEvent]:
-    last = 0
+async def _events(session: AsyncSession, batch: int = 1000) -> AsyncIterator[AuditEvent]:
+    """Every event, chain by chain, each chain in order."""
+    last = (0, 0)
+    key = sa.tuple_(col(AuditEvent.chain), col(AuditEvent.chain_seq))
     while True:
-        stmt = select(AuditEvent).where(col(AuditEvent.seq) > last)
-        if upto is not None:
-            stmt = stmt.where(col(AuditEvent.seq) <= upto)
-        rows = (await session.exec(stmt.order_by(col(AuditEvent.seq)).limit(batch))).all()
+        stmt = (
+            select(AuditEvent)
+            .where(key > sa.tuple_(sa.literal(last[0]), sa.literal(last[1])))
+            .order_by(col(AuditEvent.chain), col(AuditEvent.chain_seq))
+            .limit(batch)
+        )
+        rows = (await session.exec(stmt)).all()
         if not rows:
             return
         for row in rows:
             yield row
-        last = rows[-1].seq
+        last = (rows[-1].chain, rows[-1].chain_seq)
 
 
 async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
-    """Walk the chain from the start; return the events checked and the first broken link.
+    """Walk every chain from its start; return the events checked and the first broken link.
 
-    The walk stops at the head as read first, so events appended meanwhile (by
+    Each walk stops at its head as read first, so events appended meanwhile (by
     transactions that committed after it) are left for the next check.
     """
-    head = (await session.exec(select(AuditHead).where(col(AuditHead.id) == 1))).one_or_none()
-    prev, expected_seq, count = GENESIS, 1, 0
-    async for ev in _events(session, head.seq if head is not None else None):
-        if ev.seq != expected_seq:
-            return count, BrokenLink(ev.seq, f"event {expected_seq} is missing (next is {ev.seq})")
+    heads = {h.id: h for h in (await session.exec(select(AuditHead))).all()}
+    unknown = sorted(set(heads) - set(range(1, CHAINS + 1)))
+    if unknown:
+        return 0, BrokenLink(0, f"the log has a head for chain {unknown[0]}, which does not exist (added)")
+    missing = sorted(set(range(1, CHAINS + 1)) - set(heads))
+    if missing:
+        return 0, BrokenLink(0, f"chain {missing[0]}'s head is missing (deleted)")
+    count, chain, prev, seen = 0, 0, GENESIS, 0
+
+    def short(c: int, n: int) -> BrokenLink | None:
+        """Chain ``c``'s end, after ``n`` events of it were seen."""
+        if heads[c].seq != n:
+            return BrokenLink(0, f"chain {c}'s head says {heads[c].seq} events but {n} exist (deleted)")
+        return None
+
+    def ends(upto: int) -> BrokenLink | None:
+        """The chains after ``chain`` and before ``upto`` are empty, and ``chain`` ends here."""
+        for c, n in [(chain, seen), *((c, 0) for c in range(chain + 1, upto))]:
+            if c and (broken := short(c, n)) is not None:
+                return broken
+        return None
+
+    async for ev in _events(session):
+        if ev.chain != chain:
+            if ev.chain not in heads:
+                return count, BrokenLink(
+                    ev.seq, f"event {ev.seq} is in chain {ev.chain}, which does not exist"
+                )
+            if (broken := ends(ev.chain)) is not None:
+                return count, broken
+            chain, prev, seen = ev.chain, GENESIS, 0
+        if ev.chain_seq > heads[chain].seq:
+            continue  # committed after the heads were read
+        where = f"chain {chain} event {seen + 1}"
+        if ev.chain_seq != seen + 1:
+            return count, BrokenLink(ev.seq, f"{where} is missing (the next is {ev.chain_seq})")
         if ev.prev_hash != prev:
-            return count, BrokenLink(ev.seq, "prev_hash does not match the previous event's hash")
+            return count, BrokenLink(ev.seq, f"{where}: prev_hash does not match the previous event's hash")
         actual = event_hash(
-            seq=ev.seq,
+            seq=ev.chain_seq,
             prev_hash=ev.prev_hash,
             request_id=ev.request_id,
             action=ev.action,
@@ -224,8 +351,8 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
             created_at=ev.created_at,
         )
         if actual != ev.hash:
-            return count, BrokenLink(ev.seq, "the event's contents do not match its hash (edited)")
-        prev, expected_seq, count = ev.hash, ev.seq + 1, count + 1
-    if head is not None and head.seq != count:
-        return count, BrokenLink(count + 1, f"the head says {head.seq} events but {count} exist (deleted)")
+            return count, BrokenLink(ev.seq, f"{where}: its contents do not match its hash (edited)")
+        prev, seen, count = ev.hash, seen + 1, count + 1
+    if (broken := ends(CHAINS + 1)) is not None:
+        return count, broken
     return count, None

@@ -847,9 +847,8 @@ def audit_verify() -> None:
     if broken is None:
         typer.echo(f"audit chain intact: {count} events")
         return
-    raise CliError(
-        f"audit chain broken at event {broken.seq}: {broken.problem} ({count} events verified before it)"
-    )
+    at = f" at event {broken.seq}" if broken.seq else ""
+    raise CliError(f"audit chain broken{at}: {broken.problem} ({count} events verified before it)")
 
 
 def _moment(text: str | None, name: str) -> Any:

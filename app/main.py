@@ -369,7 +369,7 @@ def create_app(
         app.add_exception_handler(kind, database_unavailable)
 
     # Innermost first: the gate's hot path is answered within the body limit and the request id.
-    app.add_middleware(agent.PreToolUseFirst)
+    app.add_middleware(agent.AgentHotPaths)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestId)
     app.add_middleware(AnswerCancelled, drain=app.state.drain)

@@ -173,7 +173,7 @@ class Vote(SQLModel, table=True):
     """An approval that chose a grant: ``{scope, seconds, same}`` (None: approve once)."""
     assurance: str | None = Field(default=None, max_length=32)
     """How the voter was identified: a :class:`signoff.channels.Assurance` value (None: not
-    known, a vote recorded before revision 0013 that nothing identifies)."""
+    known, a vote recorded before revision 0014 that nothing identifies)."""
 
 
 class Grant(SQLModel, table=True):
@@ -212,11 +212,18 @@ class Grant(SQLModel, table=True):
 
 
 class AuditEvent(SQLModel, table=True):
-    """Append-only; each event stores the hash of the one before it."""
+    """Append-only; each event stores the hash of the one before it in its chain
+    (:mod:`signoff.app.audit`)."""
 
     __tablename__ = "audit_event"
+    __table_args__ = (sa.Index("ix_audit_event_chain_link", "chain", "chain_seq", unique=True),)
 
-    seq: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    seq: int = Field(default=None, primary_key=True)
+    """The event's number, in the order events were written (given by the database)."""
+    chain: int
+    """Which of the :data:`~signoff.app.audit.CHAINS` chains the event is linked into."""
+    chain_seq: int
+    """Its place in that chain, from 1."""
     request_id: str | None = Field(default=None, index=True, max_length=32)
     action: str = Field(max_length=64)
     actor_channel: str | None = Field(default=None, max_length=200)
@@ -229,7 +236,7 @@ class AuditEvent(SQLModel, table=True):
 
 
 class AuditHead(SQLModel, table=True):
-    """The chain's tip, one row; updating it serialises appends across processes."""
+    """The tip of one audit chain: one row per chain, locked by the transaction appending to it."""
 
     __tablename__ = "audit_head"
 

@@ -262,7 +262,7 @@ async def verify_audit(session: AsyncSession) -> AuditVerifyOut:
     count, broken = await verify_chain(session)
     if broken is None:
         return AuditVerifyOut(ok=True, events=count)
-    return AuditVerifyOut(ok=False, events=count, broken_at=broken.seq, problem=broken.problem)
+    return AuditVerifyOut(ok=False, events=count, broken_at=broken.seq or None, problem=broken.problem)
 
 
 def masked(value: Any) -> Any:

@@ -430,6 +430,7 @@ class AuditVerifyOut(BaseModel):
     ok: bool
     events: int
     broken_at: int | None = None
+    """The event where a chain breaks (its ``seq``); None when a chain's head is what is wrong."""
     problem: str | None = None
 
 

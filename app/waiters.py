@@ -98,11 +98,18 @@ class Draining(Exception):
     ``Retry-After`` instead of parking, so that its agent re-attaches elsewhere."""
 
 
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
 class Hub:
     """The agents waiting on requests in this process, by request id."""
 
     def __init__(self) -> None:
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        # A future per waiter, not an Event: thousands are parked at once, and an Event (its
+        # deque, its own future once waited on) is several times the size.
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.draining = False
         """Set by :meth:`drain`: waits no longer park."""
 
@@ -112,15 +119,17 @@ class Hub:
 
     def notify(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
-            for ev in self._waiters.get(rid, ()):
-                ev.set()
+            for woken in self._waiters.get(rid, ()):
+                _wake(woken)
 
-    def subscribe(self, request_id: str) -> asyncio.Event:
-        ev = asyncio.Event()
+    def subscribe(self, request_id: str) -> asyncio.Future[None]:
+        """A future done when ``request_id`` is decided (or the server drains); await it, then
+        :meth:`unsubscribe`. A wait that gives up (its timeout cancels it) is never woken."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.draining:
-            ev.set()
-        self._waiters.setdefault(request_id, set()).add(ev)
-        return ev
+            woken.set_result(None)
+        self._waiters.setdefault(request_id, set()).add(woken)
+        return woken
 
     def drain(self) -> int:
         """Wake every waiter and park no more (the server is stopping); returns how many were
@@ -128,14 +137,14 @@ class Hub:
         :class:`Draining`."""
         self.draining = True
         for bucket in self._waiters.values():
-            for ev in bucket:
-                ev.set()
+            for woken in bucket:
+                _wake(woken)
         return self.waiting
 
-    def unsubscribe(self, request_id: str, ev: asyncio.Event) -> None:
+    def unsubscribe(self, request_id: str, woken: asyncio.Future[None]) -> None:
         bucket = self._waiters.get(request_id)
         if bucket is not None:
-            bucket.discard(ev)
+            bucket.discard(woken)
             if not bucket:
                 del self._waiters[request_id]
 

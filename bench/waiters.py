@@ -25,6 +25,7 @@ import re
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ import httpx
 from bench._data import insert_pending
 from bench._load import Connection
 from bench._server import ROOT, signoff_database
+from bench.replicas import tree
 
 CLIENT = [sys.executable, "-m", "bench.waiters", "--client"]
 
@@ -161,9 +163,11 @@ async def decide_all(url: str, headers: dict[str, str], ids: list[str], concurre
     return problems
 
 
-def measure(db: str, count: int, *, verbose: bool = True) -> WaitersResult:
+def measure(db: str, count: int, *, verbose: bool = True, env: dict[str, str] | None = None) -> WaitersResult:
+    """``count`` waiters on one server; ``env`` is added to the server's environment (the
+    code of another revision: :func:`bench.replicas.tree`)."""
     raise_fd_limit(count + 200)
-    with signoff_database(db, name="signoff_bench_waiters") as s:
+    with signoff_database(db, name="signoff_bench_waiters", extra_env=env) as s:
         ids = insert_pending(s.database_url, count)
         expected = {rid: ("approved" if n % 2 == 0 else "rejected") for n, rid in enumerate(ids)}
         s.start()
@@ -233,16 +237,25 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--count", type=int, default=10_000)
+    p.add_argument("--before", help="a revision to measure alongside, alternating (e.g. main)")
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
-    r = measure(args.db, args.count)
-    print(
-        f"{r.count} waiters ({args.db}): {r.woken_correctly} woken correctly, {r.wrong} wrong, "
-        f"{r.failed} failed; RSS {r.rss_before:.0f} → {r.rss_parked:.0f} (parked) → {r.rss_after:.0f} MiB "
-        f"({r.per_waiter_kib:.1f} KiB per waiter); parked in {r.park_seconds:.1f} s, "
-        f"decided in {r.decide_seconds:.1f} s"
-    )
-    for problem in r.problems[:20]:
-        print("  ", problem)
+    with tempfile.TemporaryDirectory(prefix="signoff-bench-before-") as tmp:
+        trees: dict[str, dict[str, str] | None] = {"this tree": None}
+        if args.before:
+            trees = {f"before ({args.before})": tree(args.before, Path(tmp)), "this tree": None}
+        for n in range(args.rounds):
+            for label, env in trees.items():
+                r = measure(args.db, args.count, env=env)
+                print(
+                    f"[round {n + 1}, {label}] {r.count} waiters ({args.db}): {r.woken_correctly} woken "
+                    f"correctly, {r.wrong} wrong, {r.failed} failed; RSS {r.rss_before:.0f} → "
+                    f"{r.rss_parked:.0f} (parked) → {r.rss_after:.0f} MiB ({r.per_waiter_kib:.1f} KiB per "
+                    f"waiter); parked in {r.park_seconds:.1f} s, decided in {r.decide_seconds:.1f} s",
+                    flush=True,
+                )
+                for problem in r.problems[:20]:
+                    print("  ", problem)
 
 
 if __name__ == "__main__":

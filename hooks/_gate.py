@@ -22,7 +22,6 @@ from collections.abc import Callable, Generator, Mapping
 from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import quote, unquote
 
 from signoff.hooks._decision import Decision
 
@@ -687,23 +686,35 @@ def _backoff(settings: FlowSettings, attempt: int, retry_after: float | None) ->
     return delay
 
 
+# urllib.parse is imported where a request id is put in a path: an allowed call (a hook's
+# common case) never does, and the import (with ipaddress) is a share of a hook's start-up.
+
+
+def _quoted(request_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(request_id, safe="")
+
+
 def wait_path(request_id: str) -> str:
-    return f"/v1/requests/{quote(request_id, safe='')}/wait"
+    return f"/v1/requests/{_quoted(request_id)}/wait"
 
 
 def waiting_on(call: HttpCall) -> str | None:
     """The request id a ``/wait`` long-poll is for (``None`` for any other call)."""
     if call.method == "GET" and call.path.startswith("/v1/requests/") and call.path.endswith("/wait"):
+        from urllib.parse import unquote
+
         return unquote(call.path[len("/v1/requests/") : -len("/wait")])
     return None
 
 
 def cancel_path(request_id: str) -> str:
-    return f"/v1/requests/{quote(request_id, safe='')}/cancel"
+    return f"/v1/requests/{_quoted(request_id)}/cancel"
 
 
 def request_path(request_id: str) -> str:
-    return f"/v1/requests/{quote(request_id, safe='')}"
+    return f"/v1/requests/{_quoted(request_id)}"
 
 
 def cancel_flow(

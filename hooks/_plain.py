@@ -16,7 +16,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from urllib.parse import urlencode, urlsplit
 
 from signoff.hooks._base import SyncGateClient, parse_retry_after
 from signoff.hooks._gate import (
@@ -204,10 +203,27 @@ def parse_head(raw: bytes) -> tuple[int, bool, dict[str, str]]:
     return int(code), version == "HTTP/1.0", headers
 
 
+def _plain_http(url: str) -> tuple[str, int, str, str] | None:
+    """(host, port, host header, path) of a URL of the form ``http://host[:port][/path]``, as
+    ``urlsplit`` reads it; None for any other (read by ``urlsplit``, which says what is
+    wrong). Spares the common case the import of urllib.parse (and of ipaddress with it)."""
+    if not url.startswith("http://") or not url.isascii() or not url.isprintable() or " " in url:
+        return None
+    netloc, slash, path = url[len("http://") :].partition("/")
+    if not netloc or any(c in netloc for c in "@[]?#\\") or any(c in path for c in "?#;"):
+        return None
+    host, colon, port = netloc.partition(":")
+    if not host or (colon and not (port.isdigit() and int(port) <= 65535)):
+        return None
+    return host.lower(), (int(port) if port else 0) or 80, netloc, slash + path
+
+
 def request_bytes(call: HttpCall, prefix: str, host: str, headers: dict[str, str]) -> bytes:
     """One HTTP/1.1 request, head and body in one piece (one write on the wire)."""
     target = prefix + call.path
     if call.params:
+        from urllib.parse import urlencode  # a long-poll's: an allowed call has no parameters
+
         target += "?" + urlencode(dict(call.params))
     lines = [f"{call.method} {target} HTTP/1.1", f"Host: {host}"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
@@ -244,16 +260,26 @@ class PlainGateClient(SyncGateClient):
             backoff_max=backoff_max,
             submit_deadline=submit_deadline,
         )
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise GateConfigError(f"PlainGateClient needs an http:// URL, got {self.url!r}")
-        try:
-            self._port = parts.port or 80
-        except ValueError as exc:
-            raise GateConfigError(f"bad port in {self.url!r}: {exc}") from None
-        self._host = parts.hostname
-        self._host_header = parts.netloc.rpartition("@")[2]
-        self._prefix = parts.path.rstrip("/")
+        plain = _plain_http(self.url)
+        if plain is not None:
+            self._host, self._port, self._host_header, path = plain
+        else:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(self.url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise GateConfigError(f"PlainGateClient needs an http:// URL, got {self.url!r}")
+            try:
+                self._port = parts.port or 80
+            except ValueError as exc:
+                raise GateConfigError(f"bad port in {self.url!r}: {exc}") from None
+            self._host = parts.hostname
+            self._host_header = parts.netloc.rpartition("@")[2]
+            path = parts.path
+        self._prefix = path.rstrip("/")
+        # An ASCII name is given to the resolver as bytes: a str is encoded by the idna codec
+        # first, whose import is a share of a hook's start-up.
+        self._address: str | bytes = self._host.encode() if self._host.isascii() else self._host
         self._sock: socket.socket | None = None
         self._leftover = b""
 
@@ -265,7 +291,8 @@ class PlainGateClient(SyncGateClient):
         try:
             if self._sock is None:
                 self._sock = socket.create_connection(
-                    (self._host, self._port), timeout=min(CONNECT_TIMEOUT, call.timeout)
+                    (self._address, self._port),  # type: ignore[arg-type]  # bytes: see __init__
+                    timeout=min(CONNECT_TIMEOUT, call.timeout),
                 )
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock = self._sock

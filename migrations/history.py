@@ -59,6 +59,8 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # The events are linked into one chain again before their chains' columns go.
+    "0015": (Drop("audit_event", "chain_seq", holds=None), Drop("audit_event", "chain", holds=None)),
     # Each vote's level goes into its ``identity`` before the column is dropped.
     "0014": (Drop("vote", "assurance", holds=None),),
     # Signed receipts are evidence: never dropped. The keys go only where no receipt is left

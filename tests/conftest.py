@@ -199,6 +199,8 @@ def _truncate(url: str) -> None:
             for t in TABLES:
                 await conn.execute(sa.text(f"DELETE FROM {t}"))
             await conn.execute(sa.text("UPDATE audit_head SET seq = 0, last_hash = :h"), {"h": "0" * 64})
+            if conn.dialect.name == "postgresql":  # event numbers from 1 again, as on SQLite
+                await conn.execute(sa.text("ALTER SEQUENCE audit_event_seq_seq RESTART"))
         await engine.dispose()
 
     asyncio.run(run())

@@ -9,11 +9,12 @@ import inspect
 import json
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal, cast
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import Counter
-from pydantic import ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -129,24 +130,40 @@ class PreToolUseRoute(StrictJSONRoute):
         return answer_pre_tool_use
 
 
-class PreToolUseFirst:
-    """ASGI middleware: ``POST /v1/hooks/pre-tool-use`` — every tool call of every agent —
-    answered by :func:`answer_pre_tool_use` ahead of the router's search and FastAPI's
-    per-route scaffolding, its errors by the app's exception handlers, as they would be
-    behind the router."""
+class AgentHotPaths:
+    """ASGI middleware: the two calls agents make most, answered ahead of the router's search
+    and FastAPI's per-route scaffolding, their errors by the app's exception handlers, as
+    they would be behind the router:
+
+    - ``POST /v1/hooks/pre-tool-use`` — every tool call of every agent — by
+      :func:`answer_pre_tool_use`;
+    - ``GET /v1/requests/{id}/wait`` — a parked agent, held for up to a minute, thousands at
+      once — by :func:`answer_wait`, so that a parked waiter holds no more than it needs.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != PRE_TOOL_USE or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        try:
-            response = await answer_pre_tool_use(Request(scope, receive))
-        except Exception as exc:
-            response = await _handled(scope, exc)
-        await response(scope, receive, send)
+        if scope["type"] == "http":
+            path, method = scope["path"], scope["method"]
+            if method == "POST" and path == PRE_TOOL_USE:
+                try:
+                    response = await answer_pre_tool_use(Request(scope, receive))
+                except Exception as exc:
+                    response = await _handled(scope, exc)
+                await response(scope, receive, send)
+                return
+            if method == "GET" and (request_id := _waited_on(path)) is not None:
+                try:
+                    body = await answer_wait(scope, request_id)
+                except Exception as exc:
+                    await (await _handled(scope, exc))(scope, receive, send)
+                    return
+                await send({"type": "http.response.start", "status": 200, "headers": _json_headers(body)})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 async def _handled(scope: Scope, exc: Exception) -> Response:
@@ -409,6 +426,48 @@ async def read_request(request_id: str, agent: AgentDep, runtime: RuntimeDep) ->
     return await _own(runtime, agent, request_id)
 
 
+_WAIT_PREFIX, _WAIT_SUFFIX = "/v1/requests/", "/wait"
+_TIMEOUT = TypeAdapter(Annotated[float, Field(ge=0, le=60)])
+"""``timeout`` as :func:`wait_request` declares it (the route's ``Query``)."""
+
+
+def _json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
+
+
+def _waited_on(path: str) -> str | None:
+    """The request id of a ``/v1/requests/{id}/wait`` path (as the route matches it), or None."""
+    if path.startswith(_WAIT_PREFIX) and path.endswith(_WAIT_SUFFIX):
+        request_id = path[len(_WAIT_PREFIX) : -len(_WAIT_SUFFIX)]
+        if request_id and "/" not in request_id:
+            return request_id
+    return None
+
+
+async def answer_wait(scope: Scope, request_id: str) -> bytes:
+    """``GET /v1/requests/{id}/wait`` answered from the ASGI scope: the parameters resolved
+    in FastAPI's order (the key, 401; then ``timeout``, FastAPI's 422), then
+    :func:`wait_for`; the answer is the request as JSON. Errors are raised for the app's
+    exception handlers."""
+    runtime: Runtime = scope["app"].state.runtime
+    authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+    agent = await agent_for(runtime, bearer_token(authorization.decode("latin-1") if authorization else None))
+    timeout = 30.0
+    query = scope.get("query_string", b"")
+    if b"timeout" in query:
+        given = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True))  # the last of each
+        if "timeout" in given:
+            try:
+                timeout = _TIMEOUT.validate_python(given["timeout"])
+            except ValidationError as exc:
+                errors = exc.errors(include_url=False)
+                raise RequestValidationError(
+                    [{**e, "loc": ("query", "timeout", *e["loc"])} for e in errors]
+                ) from None
+    current = await wait_for(runtime, agent, request_id, timeout)
+    return current.__pydantic_serializer__.to_json(current)
+
+
 @router.get("/requests/{request_id}/wait", response_model=RequestOut, responses=ERRORS)
 async def wait_request(
     request_id: str,
@@ -418,16 +477,28 @@ async def wait_request(
 ) -> RequestOut:
     """Return as soon as the request is decided, or after ``timeout`` with its current state.
     While this server is stopping, an undecided request is answered 503 with ``Retry-After``
-    at once: wait again (another server, or this one restarted, answers)."""
+    at once: wait again (another server, or this one restarted, answers).
+
+    Answered by :class:`AgentHotPaths` ahead of the router (through :func:`wait_for`, as
+    here); this route documents the operation and answers where that middleware is not
+    installed."""
+    return await wait_for(runtime, agent, request_id, timeout)
+
+
+async def wait_for(runtime: Runtime, agent: str, request_id: str, timeout: float) -> RequestOut:
+    """The waiting itself: ``agent``'s request ``request_id`` once decided, or after
+    ``timeout`` seconds as it is then; 404 for a request not the agent's; :class:`Draining`
+    (503 with ``Retry-After``) for one undecided while this server stops."""
     timeout = min(timeout, runtime.settings.max_wait_seconds)
     woken = runtime.hub.subscribe(request_id)
     try:
         current = await _own(runtime, agent, request_id)
         if current.status in TERMINAL or timeout == 0:
             return current
+        del current  # a parked waiter holds no copy of its request
         try:
             async with asyncio.timeout(timeout):  # no extra task: woken in one loop turn
-                await woken.wait()
+                await woken
         except TimeoutError:
             pass
         current = await _own(runtime, agent, request_id)

@@ -54,7 +54,6 @@ milliseconds, see ``bench/``); ``https://`` goes through httpx.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -62,7 +61,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any, NoReturn, TextIO
 
 from signoff.hooks._base import ENV_API_KEY, ENV_SUBMIT_DEADLINE, ENV_URL, SyncGateClient
@@ -167,7 +166,7 @@ def _signals(budget: float) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _client(args: argparse.Namespace) -> SyncGateClient:
+def _client(args: SimpleNamespace) -> SyncGateClient:
     url = args.url if args.url is not None else os.environ.get(ENV_URL, "")
     if not url.strip():
         raise _Refused(
@@ -251,32 +250,75 @@ def build_output(decision: GateDecision, *, allow_unmatched: bool = False) -> di
     return {"hookSpecificOutput": output}
 
 
-class _Parser(argparse.ArgumentParser):
-    """The options; a usage error is one line that blocks the call (``--help`` prints :data:`HELP`)."""
+_SECONDS = ("--timeout", "--deadline", "--submit-deadline")
+_TEXT = ("--url", "--user-id")
+_FLAGS = {"-h": "help", "--help": "help", "--allow-unmatched": "allow_unmatched"}
+"""The options: seconds, text, and flags (by the attribute they set)."""
 
-    def error(self, message: str) -> NoReturn:
-        raise _Refused(f"{message} (signoff-hook claude-code --help lists the options)")
+
+def _dest(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
 
 
 def _seconds(text: str) -> float:
     try:
         return float(text)
     except ValueError:
+        import argparse
+
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
 
 
-def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog="signoff-hook claude-code", add_help=False, allow_abbrev=False)
-    parser.add_argument("-h", "--help", action="store_true")
-    for seconds in ("--timeout", "--deadline", "--submit-deadline"):
+def _arguments(argv: Sequence[str] | None) -> SimpleNamespace:
+    """The options. The command lines hooks are configured with (each option given as
+    ``--name value`` or ``--name=value``) are read here; any other is read by argparse, so
+    that its message names the mistake — a usage error is one line that blocks the call
+    (``--help`` prints :data:`HELP`). Importing argparse (and the gettext, locale and shutil
+    it brings) is a good part of what a hook's start-up would cost."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    got: dict[str, Any] = {"help": False, "allow_unmatched": False}
+    got.update(dict.fromkeys(map(_dest, _SECONDS + _TEXT)))
+    rest = iter(given)
+    for arg in rest:
+        if arg in _FLAGS:
+            got[_FLAGS[arg]] = True
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in _SECONDS and name not in _TEXT:
+            return _parsed(given)
+        if not eq:
+            value = next(rest, "-")
+            if value.startswith("-"):  # a missing value, or one argparse may read otherwise
+                return _parsed(given)
+        if name in _SECONDS:
+            try:
+                got[_dest(name)] = float(value)
+            except ValueError:
+                return _parsed(given)
+        else:
+            got[_dest(name)] = value
+    return SimpleNamespace(**got)
+
+
+def _parsed(argv: list[str]) -> SimpleNamespace:
+    """``argv`` read by argparse, with the same options as :func:`_arguments`."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise _Refused(f"{message} (signoff-hook claude-code --help lists the options)")
+
+    parser = Parser(prog="signoff-hook claude-code", add_help=False, allow_abbrev=False)
+    for flag in _FLAGS:
+        parser.add_argument(flag, dest=_FLAGS[flag], action="store_true")
+    for seconds in _SECONDS:
         parser.add_argument(seconds, type=_seconds, default=None)
-    parser.add_argument("--url", default=None)
-    parser.add_argument("--user-id", default=None)
-    parser.add_argument("--allow-unmatched", action="store_true")
-    return parser.parse_args(argv)
+    for text in _TEXT:
+        parser.add_argument(text, default=None)
+    return SimpleNamespace(**vars(parser.parse_args(argv)))
 
 
-def _budget(args: argparse.Namespace) -> float:
+def _budget(args: SimpleNamespace) -> float:
     timeout = args.timeout
     if timeout is None:
         raw = os.environ.get(ENV_HOOK_TIMEOUT)

@@ -152,7 +152,7 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
         "agent_key",
         "alembic_version",
     } <= tables
-    assert cli.sql("SELECT seq, last_hash FROM audit_head") == [(0, "0" * 64)]
+    assert cli.sql("SELECT id, seq, last_hash FROM audit_head") == [(i, 0, "0" * 64) for i in range(1, 65)]
     [(version,)] = cli.sql("SELECT version_num FROM alembic_version")
     # Running it again is harmless.
     cli.ok("db", "upgrade")
@@ -521,20 +521,12 @@ def test_audit_verify_notices_a_deleted_event(cli: Cli) -> None:
     cli.request()
     cli.request()
     [(last,)] = cli.sql("SELECT max(seq) FROM audit_event")
+    [(chain,)] = cli.sql("SELECT chain FROM audit_event WHERE seq = ?", last)
     cli.sql("DELETE FROM audit_event WHERE seq = ?", last)
     done = cli("audit", "verify")
     assert done.returncode == 1
-    assert f"broken at event {last}:" in done.stdout + done.stderr
-
-
-def test_audit_verify_notices_a_missing_middle_event(cli: Cli) -> None:
-    for _ in range(3):
-        cli.request()
-    cli.sql("DELETE FROM audit_event WHERE seq = 2")
-    done = cli("audit", "verify")
-    assert done.returncode == 1
-    assert "broken at event 3:" in done.stdout + done.stderr
-    assert "event 2 is missing" in done.stdout + done.stderr
+    assert f"chain {chain}'s head says" in done.stdout + done.stderr
+    assert "(deleted)" in done.stdout + done.stderr
 
 
 # --- grants ---------------------------------------------------------------------------------------

@@ -154,15 +154,15 @@ async def test_a_decision_wakes_its_waiters_at_commit_and_a_rolled_back_one_neve
         with pytest.raises(Boom):
             await _failing(runtime, approve)
         await asyncio.sleep(0)
-        assert not woken.is_set()
+        assert not woken.done()
         assert not runtime.outbox_wake.is_set()
 
         async with transaction(runtime.sessions) as s:
             assert await approve(s)
             await asyncio.sleep(0)
-            assert not woken.is_set()  # the decision is not committed yet
+            assert not woken.done()  # the decision is not committed yet
             assert not runtime.outbox_wake.is_set()
-        assert woken.is_set()
+        assert woken.done()
         assert runtime.outbox_wake.is_set()  # the card's redraw is owed
     finally:
         runtime.hub.unsubscribe(req.id, woken)

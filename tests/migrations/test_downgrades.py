@@ -90,7 +90,9 @@ async def test_rows_older_than_a_revision_survive_its_downgrade_and_the_way_back
     for target in reversed(revisions()[:-1]):
         assert await asyncio.to_thread(downgrade, empty_url, target) == target
         now = await _schema(empty_url)
-        assert {t: n for t, n in held.items() if t in now["rows"]} == now["rows"], target
+        # Below 0015 the log has one chain head again (0015 made the others, empty).
+        kept = {**held, "audit_head": 1} if target < "0015" else held
+        assert {t: n for t, n in kept.items() if t in now["rows"]} == now["rows"], target
     assert await asyncio.to_thread(migrate, empty_url) == head_revision()
     assert (await _schema(empty_url))["rows"] == held
     await _serves_old_rows(empty_url, config)

@@ -55,6 +55,9 @@ RELEASED = {
     "2026_12_02_1810-0014_vote_assurance.py": (
         "354283b9eacf001abfba811323533f3040ec43923f964ee546f06cd3e068957b"
     ),
+    "2026_12_02_1820-0015_audit_chains.py": (
+        "9883d129a5d5770ee57a8438c495919cc61d88b7b4419f4f6078477a025eff95"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 

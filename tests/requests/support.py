@@ -65,6 +65,8 @@ class Served:
             await session.exec(
                 sa.text("UPDATE audit_head SET seq = 0, last_hash = :h"), params={"h": "0" * 64}
             )
+            if session.bind.dialect.name == "postgresql":  # event numbers from 1 again
+                await session.exec(sa.text("ALTER SEQUENCE audit_event_seq_seq RESTART"))
             _, token = await create_key(session, agent, actor=Actor("test"))
         self.agent_headers = {"Authorization": f"Bearer {token}"}
         if yaml.safe_load(self.config_path.read_text(encoding="utf-8")) != data:
