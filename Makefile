@@ -15,7 +15,7 @@ export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff
 MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-run run test lint typecheck migrations-check pytest postgres chromium strace pgbouncer bench dist clean
+.PHONY: install install-run run test test-fast coverage lint typecheck migrations-check pytest postgres chromium strace pgbouncer bench dist clean
 
 install: $(STAMP)
 
@@ -101,7 +101,18 @@ pgbouncer:
 pytest: install chromium strace pgbouncer
 	@VENV=$(VENV) bash scripts/ensure-claude-code.sh
 	@echo "==> pytest (SQLite and PostgreSQL), one worker per core"
-	@$(BIN)/pytest -n auto --dist loadfile
+	@$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder
+
+# The inner loop: SQLite only, no browser, no end-to-end installs or CLI runs (the markers
+# postgres, browser and e2e: tests/README.md).
+test-fast: install
+	@echo "==> pytest: not postgres, browser or e2e, two workers"
+	@$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not postgres and not browser and not e2e"
+
+# Line and branch coverage of app, channels and hooks over the whole suite (tests/README.md).
+coverage: install postgres chromium strace pgbouncer
+	@VENV=$(VENV) bash scripts/ensure-claude-code.sh
+	@$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder -q --cov --cov-report=term
 
 bench: install postgres
 	@$(BIN)/python -m bench

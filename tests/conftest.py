@@ -143,6 +143,29 @@ def postgres_url() -> Iterator[str]:
     _drop_pg_database(url)
 
 
+SLOWEST_FIRST = [
+    "tests/test_distributions.py",
+    "tests/e2e/test_claude_code_cli.py",
+    "tests/chaos/test_chaos.py",
+    "tests/fuzz/test_schemathesis.py",
+    "tests/console/test_console_browser.py",
+    "tests/hooks/test_mcp_proxy.py",
+    "tests/app/test_cli.py",
+    "tests/app/test_reload.py",
+    "tests/app/test_replicas.py",
+    "tests/app/test_many_waiters.py",
+]
+"""The files that take longest, slowest first: ``make test`` hands out whole files to its
+workers in collection order (``--dist loadfile --no-loadscope-reorder``), and a long file
+handed out last would leave the other worker idle until it ends."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    root = Path(__file__).resolve().parent.parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test marked ``postgres`` runs on both databases; every other test on SQLite alone
     (tests/README.md says which tests are marked)."""

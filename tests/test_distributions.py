@@ -14,11 +14,15 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from signoff.hooks._install import install_hint
+
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -50,28 +54,65 @@ def pip(python: Path, *args: str | Path) -> str:
 
 
 class Virtualenvs:
-    """One fresh virtualenv per requirement (a distribution with its extras), made the first
-    time a test asks for it and shared for the rest of the run."""
+    """One fresh virtualenv per requirement (a distribution with its extras), shared for the rest
+    of the run. Those the run's tests will ask for are made side by side as soon as the first is
+    asked for (each is mostly waiting on pip), so the slowest sets the pace, not their sum."""
 
-    def __init__(self, dist: Path, root: Path) -> None:
+    def __init__(self, dist: Path, root: Path, wanted: list[str]) -> None:
         self.dist = dist
         self.root = root
-        self.made: dict[str, Path] = {}
+        self.wanted = wanted
+        self.made: dict[str, Future[Path]] = {}
+        self.pool = ThreadPoolExecutor(max_workers=3)
+
+    def _make(self, requirement: str, path: Path) -> Path:
+        run(sys.executable, "-m", "venv", "--without-pip", path)
+        python = path / "bin" / "python"
+        pip(python, "install", "--quiet", "--no-compile", "--find-links", self.dist, requirement)
+        return python
+
+    def _start(self, requirement: str) -> None:
+        if requirement not in self.made:
+            path = self.root / f"venv-{len(self.made)}"
+            self.made[requirement] = self.pool.submit(self._make, requirement, path)
 
     def __call__(self, requirement: str) -> Path:
         """The ``python`` of the virtualenv with ``requirement`` installed from the built wheels."""
-        if requirement not in self.made:
-            path = self.root / f"venv-{len(self.made)}"
-            run(sys.executable, "-m", "venv", "--without-pip", path)
-            python = path / "bin" / "python"
-            pip(python, "install", "--quiet", "--no-compile", "--find-links", self.dist, requirement)
-            self.made[requirement] = python
-        return self.made[requirement]
+        self._start(requirement)
+        for other in self.wanted:
+            self._start(other)
+        return self.made[requirement].result()
+
+
+HOOKS_ALONE = f"signoff-hooks=={VERSION}"
+SERVER = f"signoff=={VERSION}"
+
+
+def _wanted(items: list[pytest.Item]) -> list[str]:
+    """The requirements the collected tests of this module will ask for."""
+    wanted: list[str] = []
+    for item in items:
+        if getattr(item, "module", None) is not sys.modules[__name__]:
+            continue
+        names = getattr(item, "fixturenames", ())
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for needed, requirement in (
+            ("agent" in names, HOOKS_ALONE),
+            ("server_bin" in names, SERVER),
+            ("extra" in params, f"signoff-hooks[{params.get('extra')}]=={VERSION}"),
+        ):
+            if needed and requirement not in wanted:
+                wanted.append(requirement)
+    return wanted
 
 
 @pytest.fixture(scope="session")
-def virtualenv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Virtualenvs:
-    return Virtualenvs(dist, tmp_path_factory.mktemp("venvs"))
+def virtualenv(
+    dist: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Virtualenvs]:
+    made = Virtualenvs(dist, tmp_path_factory.mktemp("venvs"), _wanted(request.session.items))
+    yield made
+    made.pool.shutdown(cancel_futures=True)
 
 
 def installed(python: Path) -> set[str]:
@@ -156,7 +197,7 @@ def script(
 @pytest.fixture
 def agent(virtualenv: Virtualenvs) -> Path:
     """The virtualenv holding signoff-hooks alone, as an agent installs it: its ``bin``."""
-    return virtualenv(f"signoff-hooks=={VERSION}").parent
+    return virtualenv(HOOKS_ALONE).parent
 
 
 def test_signoff_hooks_alone_needs_only_httpx(agent: Path) -> None:
@@ -221,7 +262,7 @@ def test_a_projects_own_signoff_blocks_the_hook_and_stops_the_proxy(
 @pytest.fixture
 def server_bin(virtualenv: Virtualenvs) -> Path:
     """The virtualenv holding the server (and so signoff-hooks), as an operator installs it."""
-    return virtualenv(f"signoff=={VERSION}").parent
+    return virtualenv(SERVER).parent
 
 
 @pytest.mark.parametrize("shadow", list(SHADOWS))
@@ -297,8 +338,8 @@ def test_each_extra_brings_its_runtime(
         assert "mcp__NAME__TOOL" in help_text
 
 
-def test_the_server_wheel_serves_its_migrations_and_console(virtualenv: Virtualenvs, tmp_path: Path) -> None:
-    python = virtualenv(f"signoff=={VERSION}")
+def test_the_server_wheel_serves_its_migrations_and_console(server_bin: Path, tmp_path: Path) -> None:
+    python = server_bin / "python"
     assert {"signoff", "signoff-hooks", "fastapi", "sqlalchemy"} <= installed(python)
     signoff = python.with_name("signoff")
     env = {"PATH": "/usr/bin:/bin", "SIGNOFF_DATABASE_URL": f"sqlite:///{tmp_path / 'signoff.db'}"}

@@ -33,6 +33,7 @@ from tests.conftest import (
     _drop_pg_database,
     _ensure_pg_database,
 )
+from tests.waiting import eventually
 
 
 def auth(key: str) -> dict[str, str]:
@@ -128,7 +129,7 @@ async def test_wait_returns_the_moment_the_request_is_decided(
     waiter = asyncio.create_task(
         http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=auth(agent_key))
     )
-    await asyncio.sleep(0.3)
+    await eventually(lambda: runtime.hub.waiting == 1)  # parked in its long-poll
     assert not waiter.done()
     async with transaction(runtime.sessions) as s:
         await decide(s, rid, verdict=Verdict.APPROVE, operator="bob", config=runtime.config)

@@ -18,12 +18,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from unittest.mock import patch
 
-import _signoff_hooks_entry
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.config import AgentConfig, parse_config
@@ -31,6 +28,7 @@ from signoff.app.db import create_engine, migrate, sessionmaker, transaction
 from signoff.app.keys import authenticate
 from signoff.app.models import ConfirmationRequest
 from tests.app.factories import make_request
+from tests.cli import signoff
 from tests.conftest import DEFAULT_CONFIG
 
 SIGNOFF = Path(sys.executable).with_name("signoff")
@@ -56,18 +54,7 @@ class Cli:
                 [str(SIGNOFF), *args], env=self.env, capture_output=True, text=True, timeout=120, check=False
             )
         # The environment exactly as the process would get it: SIGNOFF_* only from self.env.
-        env: dict[str, str | None] = {k: None for k in os.environ if k not in self.env}
-        env.update(self.env)
-        with CliRunner().isolation(env=env) as (out, err, _), patch.object(sys, "argv", ["signoff", *args]):
-            try:
-                _signoff_hooks_entry.server()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
-        return subprocess.CompletedProcess(["signoff", *args], code, stdout, stderr)
+        return signoff(*args, env=self.env)
 
     def ok(self, *args: str) -> str:
         done = self(*args)
@@ -119,18 +106,33 @@ class Cli:
         return rows
 
 
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file the migrations built, once for the module; each test gets a copy."""
+    db = tmp_path_factory.mktemp("migrated") / "signoff.db"
+    migrate(f"sqlite:///{db}")
+    return db
+
+
+def _copy(source: Path, target: Path) -> None:
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
+
+
 @pytest.fixture
-def cli(tmp_path: Path) -> Cli:
+def cli(tmp_path: Path, migrated: Path) -> Cli:
     c = Cli(tmp_path)
-    migrate(c.url)
+    _copy(migrated, c.db)
     return c
 
 
 @pytest.fixture
-def cli_process(tmp_path: Path) -> Cli:
+def cli_process(tmp_path: Path, migrated: Path) -> Cli:
     """The installed executable, for what a shell sees of it."""
     c = Cli(tmp_path, process=True)
-    migrate(c.url)
+    _copy(migrated, c.db)
     return c
 
 
@@ -234,7 +236,7 @@ def test_keys_revoke_by_agent(cli: Cli) -> None:
 
 def test_keys_revoke_needs_exactly_one_target(cli_process: Cli) -> None:
     cli = cli_process
-    cli.ok("keys", "create", "finance-bot")
+    assert signoff("keys", "create", "finance-bot", env=cli.env).returncode == 0  # in this process
     neither = cli("keys", "revoke")
     assert neither.returncode == 2
     assert "name a key id or --agent" in neither.stderr

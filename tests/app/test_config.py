@@ -23,6 +23,7 @@ from signoff.app.config import ConfigError, SignoffConfig, load_config, parse_co
 from signoff.channels import slack
 from signoff.channels.fake import FakeChannel
 from signoff.hooks import HookContext
+from tests.cli import signoff
 from tests.conftest import DEFAULT_CONFIG
 
 SIGNOFF = Path(sys.executable).with_name("signoff")
@@ -633,9 +634,7 @@ def test_on_web_a_person_is_named_by_their_key(approver: str, meant: str | None)
 def test_config_check_refuses_a_misspelt_approver_in_one_line(tmp_path: Path) -> None:
     body = doc(gate(channel="web", approvers=["alcie", "bob"]))
     path = write(tmp_path, body)
-    done = subprocess.run(
-        [str(SIGNOFF), "config", "check", str(path)], capture_output=True, text=True, check=False
-    )
+    done = signoff("config", "check", str(path))
     assert done.returncode == 1
     assert done.stdout == ""
     assert done.stderr == (
@@ -753,9 +752,7 @@ def test_config_check_warns_of_gates_anyone_may_approve(tmp_path: Path) -> None:
         {"type": "confirmation_gate", "tools": ["x"], "channel": "chat", "approvers": ["alice"]},
     ]
     path = write(tmp_path, body)
-    done = subprocess.run(
-        [str(SIGNOFF), "config", "check", str(path)], capture_output=True, text=True, check=False
-    )
+    done = signoff("config", "check", str(path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{path}: ok")
     assert done.stderr.splitlines() == [

@@ -69,6 +69,8 @@ class FakeSlack:
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
+        self.scripted_sent: list[str] = []
+        """The methods whose scripted answer has been sent (after its ``delay``)."""
         self.users: dict[str, dict[str, Any]] = copy.deepcopy(USERS)
         """What ``users.info`` knows; add to it for a test's own clickers."""
         self.conversations: set[str] = {CHANNEL}
@@ -127,6 +129,7 @@ class FakeSlack:
         if self._scripted[method]:
             answer = self._scripted[method].popleft()
             await asyncio.sleep(answer.delay)
+            self.scripted_sent.append(method)
             if answer.html:
                 return web.Response(
                     status=answer.status, text="<html>upstream error</html>", content_type="text/html"

@@ -139,12 +139,15 @@ class RecordingHandler:
     error: Exception | None = None
     card: Card | None = None
     clicks: list[Click] = field(default_factory=list)
+    finished: int = 0
+    """Clicks whose handling ran to its end (after ``delay``)."""
     enriched: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
         self.clicks.append(click)
         if self.delay:
             await asyncio.sleep(self.delay)
+        self.finished += 1
         if self.error is not None:
             raise self.error
         base = self.card or make_card(request_id=click.request_id)

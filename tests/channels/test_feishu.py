@@ -563,9 +563,8 @@ async def test_slow_handler_is_answered_within_the_budget_and_finishes_later(fak
     channel = make_channel(fake)
     channel._reply_budget = 0.1
     handler = RecordingHandler(delay=0.4)
-    started = asyncio.get_running_loop().time()
     reply = await channel.handle_callback(*signed_encrypted(card_action(event_id="ev-slow")), handler)
-    assert asyncio.get_running_loop().time() - started < 0.3
+    assert (len(handler.clicks), handler.finished) == (1, 0), "answered before the handler finished"
     assert reply.body is not None
     assert reply.body["toast"]["type"] == "info"
     assert "card" not in reply.body

@@ -25,6 +25,8 @@ from signoff.channels.fake import FakeChannel
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server, free_port
 from tests.console.conftest import PASSWORDS, SESSION_SECRET, Agent, operators
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = Path(os.environ.get("SIGNOFF_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--headless",

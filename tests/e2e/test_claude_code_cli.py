@@ -47,6 +47,8 @@ from signoff.hooks.adapters.claude_code import DENIED_CONTEXT
 from tests.conftest import Server, free_port
 from tests.e2e.fake_anthropic import FakeAnthropic, Script
 
+pytestmark = pytest.mark.e2e
+
 VENV_BIN = Path(sys.executable).parent
 EXAMPLE_SETTINGS = Path(__file__).resolve().parents[2] / "examples" / "claude_code_settings.json"
 CLAUDE = Path(

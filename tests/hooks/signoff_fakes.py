@@ -199,6 +199,12 @@ class LiveSignoff:
                 raise AssertionError("no request was created")
             return list(self.requests)[-1]
 
+    def wait_for_waits(self, count: int = 1, timeout: float = 5.0) -> None:
+        """Block until ``count`` long-polls have reached the server (a client is parked in one)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.waits >= count, timeout):
+                raise AssertionError(f"{self.waits} of {count} waits reached the server")
+
     def decide(self, request_id: str, status: str, *, name: str = "Alice", reason: str | None = None) -> None:
         with self._cond:
             req = self.requests[request_id]
@@ -260,8 +266,9 @@ class LiveSignoff:
         return {"decision": decision, "reason": req["reason"], "request_id": req["id"], "request": dict(req)}
 
     def _wait(self, rid: str, timeout: float) -> tuple[int, dict[str, Any]]:
-        self.waits += 1
         with self._cond:
+            self.waits += 1
+            self._cond.notify_all()
             if rid not in self.requests:
                 return 404, {"detail": "unknown request"}
             server = self._server

@@ -18,6 +18,7 @@ from signoff.app.runtime import Runtime
 from signoff.hooks.adapters.claude_code import REPORT_DEADLINE
 from tests.conftest import Server, free_port
 from tests.hooks.test_client_server import admin_client, pending_ids
+from tests.waiting import eventually
 
 HOOK = Path(sys.executable).with_name("signoff-hook")
 MARGIN = 1.5
@@ -199,7 +200,7 @@ async def test_a_stopped_hook_cancels_the_request_it_waited_on(
     async with admin_client(server.url, admin_headers) as admin:
         proc = await start_hook(hook_env(server.url, agent_key), GATED, "--timeout", "60")
         (rid,) = await pending_ids(runtime, admin)
-        await asyncio.sleep(0.3)  # the hook is in its long-poll
+        await eventually(lambda: runtime.hub.waiting == 1)  # the hook is in its long-poll
         proc.send_signal(sig)
         code, out, err = await finish(proc, 15)
         request = (await admin.get(f"/v1/admin/requests/{rid}")).json()

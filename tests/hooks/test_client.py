@@ -577,7 +577,7 @@ def test_real_server_approve_after_a_restart_during_the_wait(live: LiveSignoff) 
         )
         worker.start()
         rid = live.wait_for_request()
-        time.sleep(0.2)  # the client is inside a long-poll now
+        live.wait_for_waits(1)  # the client is inside a long-poll now
         live.stop()
         time.sleep(0.3)  # the client sees refused connections
         live.start()
@@ -866,7 +866,7 @@ async def test_plain_async_approve_after_a_restart_during_the_wait(live: LiveSig
             client.pre_tool_use("pay_invoice", {"amount": 9}, session_id="s", tool_call_id="c")
         )
         rid = await asyncio.to_thread(live.wait_for_request)
-        await asyncio.sleep(0.2)  # the client is inside a long-poll now
+        await asyncio.to_thread(live.wait_for_waits, 1)  # the client is inside a long-poll now
         await asyncio.to_thread(live.stop)
         await asyncio.sleep(0.3)  # the client sees refused connections
         live.start()

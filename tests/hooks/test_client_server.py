@@ -23,6 +23,7 @@ from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
 from signoff.hooks.client import AsyncGateClient, GateClient, GateFailure
 from tests.conftest import Server, free_port
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = {"invoice_id": "inv-1", "amount": 90_000}
@@ -211,7 +212,7 @@ async def test_server_restart_during_the_wait(
                 client.pre_tool_use("pay_invoice", BIG, session_id="s", tool_call_id="c")
             )
             (rid,) = await pending_ids(runtime, admin)
-            await asyncio.sleep(0.3)  # the client is inside a long-poll
+            await eventually(lambda: runtime.hub.waiting == 1)  # the client is inside a long-poll
         await asyncio.sleep(1.0)  # down: the client meets refused connections
         assert not task.done()
         async with serving(runtime, port):
