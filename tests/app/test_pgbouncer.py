@@ -38,6 +38,8 @@ class PgBouncer:
     folder: Path
     target_port: int
     process: subprocess.Popen[bytes] | None = None
+    pool_size: int = 4
+    """Server connections per database and user (``default_pool_size``)."""
 
     def url(self, direct: str) -> str:
         """``direct`` (a database on the tests' PostgreSQL) through this PgBouncer."""
@@ -58,7 +60,7 @@ listen_port = {self.port}
 unix_socket_dir =
 auth_type = any
 pool_mode = transaction
-default_pool_size = 4
+default_pool_size = {self.pool_size}
 max_client_conn = 1000
 server_login_retry = 1
 query_wait_timeout = 10
@@ -307,7 +309,10 @@ async def test_the_command_line_through_an_undeclared_pooler_says_what_to_set(
     upgraded = signoff(environment(tmp_path, postgres_empty_url), "db", "upgrade")
     assert upgraded.returncode == 0, upgraded.stderr
     # Another client of the pooler leaves its prepared statements (asyncpg's own names) on
-    # PgBouncer's one server connection.
+    # PgBouncer's one server connection (one: the command line is given that same one).
+    pgbouncer.stop()
+    pgbouncer.pool_size = 1
+    pgbouncer.start()
     other = await asyncpg.connect(pgbouncer.url(postgres_empty_url))
     for i in range(30):
         assert await other.fetchval(f"SELECT {i}::int + $1::int", 1) == i + 1
