@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -304,8 +305,6 @@ async def test_a_valid_key_while_the_database_fails_is_503_never_401(
 async def test_the_command_line_through_an_undeclared_pooler_says_what_to_set(
     postgres_empty_url: str, pgbouncer: PgBouncer, tmp_path: Path
 ) -> None:
-    import asyncpg
-
     upgraded = signoff(environment(tmp_path, postgres_empty_url), "db", "upgrade")
     assert upgraded.returncode == 0, upgraded.stderr
     # Another client of the pooler leaves its prepared statements (asyncpg's own names) on
@@ -313,10 +312,21 @@ async def test_the_command_line_through_an_undeclared_pooler_says_what_to_set(
     pgbouncer.stop()
     pgbouncer.pool_size = 1
     pgbouncer.start()
-    other = await asyncpg.connect(pgbouncer.url(postgres_empty_url))
-    for i in range(30):
-        assert await other.fetchval(f"SELECT {i}::int + $1::int", 1) == i + 1
-    await other.close()
+    # asyncpg numbers its statements per process: a client started as the command line is
+    # (a process of its own) names them as the command line will.
+    script = (
+        "import asyncio, asyncpg, sys\n"
+        "async def main():\n"
+        "    c = await asyncpg.connect(sys.argv[1])\n"
+        "    for i in range(30):\n"
+        "        assert await c.fetchval(f'SELECT {i}::int + $1::int', 1) == i + 1\n"
+        "    await c.close()\n"
+        "asyncio.run(main())\n"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", script, pgbouncer.url(postgres_empty_url)], capture_output=True, text=True
+    )
+    assert other.returncode == 0, other.stderr
     done = signoff(environment(tmp_path, pgbouncer.url(postgres_empty_url)), "keys", "create", "finance-bot")
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(

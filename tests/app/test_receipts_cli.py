@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from signoff.hooks.receipts import verify_receipt
-from tests.app.test_cli import Cli, cli  # noqa: F401  (the fixture)
+from tests.app.test_cli import Cli, cli, migrated  # noqa: F401  (the fixtures)
 
 
 def test_a_decision_from_the_command_line_is_signed_and_verifies(cli: Cli, tmp_path: Path) -> None:  # noqa: F811
