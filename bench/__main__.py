@@ -174,8 +174,8 @@ def hook_rows(s: Signoff, runs: int) -> list[Row]:
                     f"{r.hook_median_ms:.1f} ms (p90 {r.hook_p90_ms:.1f})",
                     f"{r.python_median_ms:.1f} ms (python -c pass)",
                     r.ratio,
-                    "ratio ≤ 5",
-                    r.ratio <= 5,
+                    "ratio ≤ 3",
+                    r.ratio <= 3,
                     "a new process per call, as Claude Code runs it; ratio = hook / python -c pass",
                 )
             )

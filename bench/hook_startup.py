@@ -10,9 +10,9 @@ of the editable install slows every start-up, the baseline's too), and as an age
 installs it, the ``signoff-hooks`` wheel alone in a fresh virtualenv.
 
 Runs alternate (baseline, subject, baseline, …) so that a change in the machine's load
-hits both. The ratio is subject median / baseline median (target ≤ 5).
+hits both. The ratio is subject median / baseline median (target ≤ 3 for the wheel).
 
-    python -m bench.hook_startup [--db sqlite|postgres] [--runs 40]
+    python -m bench.hook_startup [--db sqlite|postgres] [--runs 40] [--before REV] [--rounds N]
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def _timed(args: list[str], env: dict[str, str], stdin: str) -> float:
     return took
 
 
-def wheel_venv(where: Path) -> Path:
-    """A fresh virtualenv with only the ``signoff-hooks`` wheel built from this checkout."""
+def wheel_venv(where: Path, source: Path = ROOT) -> Path:
+    """A fresh virtualenv with only the ``signoff-hooks`` wheel built from ``source`` (this
+    checkout, or a revision's files)."""
     subprocess.run(
         [
             sys.executable,
@@ -73,7 +74,7 @@ def wheel_venv(where: Path) -> Path:
             "--no-deps",
             "-w",
             str(where / "dist"),
-            str(ROOT / "hooks"),
+            str(source / "hooks"),
         ],
         check=True,
         timeout=600,
@@ -109,15 +110,30 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--runs", type=int, default=40)
+    p.add_argument("--before", help="a revision whose wheel to measure alongside, alternating (e.g. main)")
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
-    with running_server(args.db) as s, tempfile.TemporaryDirectory() as tmp:
-        for label, python in (("editable", None), ("wheel", wheel_venv(Path(tmp)))):
-            r = measure(s, args.runs, python)
-            print(
-                f"{label}: signoff-hook claude-code {r.hook_median_ms:.1f} ms median "
-                f"(p90 {r.hook_p90_ms:.1f}); python -c pass {r.python_median_ms:.1f} ms; "
-                f"ratio {r.ratio:.2f} (target ≤ 5)"
-            )
+    with running_server(args.db) as s, tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        subjects: list[tuple[str, Path | None]] = []
+        if args.before:
+            source = tmp / "before"
+            source.mkdir()
+            archive = subprocess.run(["git", "archive", args.before, "hooks"], cwd=ROOT, check=True, capture_output=True)
+            subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+            subjects.append((f"wheel of {args.before}", wheel_venv(tmp / "before-wheel", source)))
+        else:
+            subjects.append(("editable", None))
+        subjects.append(("wheel", wheel_venv(tmp / "wheel")))
+        for round_no in range(1, args.rounds + 1):
+            for label, python in subjects:
+                r = measure(s, args.runs, python)
+                print(
+                    f"[round {round_no}] {label}: signoff-hook claude-code {r.hook_median_ms:.1f} ms median "
+                    f"(p90 {r.hook_p90_ms:.1f}); python -c pass {r.python_median_ms:.1f} ms; "
+                    f"ratio {r.ratio:.2f} (target ≤ 3)",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

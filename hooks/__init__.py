@@ -1,15 +1,18 @@
 """Signoff's agent side: the hook contract, the hook registry, the gate client and adapters.
 
 Names are imported on first use, so ``signoff-hook claude-code`` (which needs almost
-none of them) starts without loading the registry, asyncio or httpx.
+none of them) starts without loading the registry, asyncio or httpx, nor ``typing`` and
+``importlib`` for this module's own use.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+import sys
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from signoff.hooks._contract import (
         Decision,
         HookContext,
@@ -48,6 +51,7 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'signoff.hooks' has no attribute {name!r}")
-    value = getattr(import_module(home), name)
+    __import__(home)
+    value = getattr(sys.modules[home], name)
     globals()[name] = value
     return value

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
 
 from signoff.hooks._gate import (
     DEFAULT_SUBMIT_DEADLINE,
@@ -34,10 +33,11 @@ from signoff.hooks._gate import (
     report_flow,
 )
 
+TYPE_CHECKING = False  # ``typing`` is not imported at run time (see signoff.hooks._records)
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Mapping
     from types import TracebackType
-    from typing import Self, TypeVar
+    from typing import Any, Self, TypeVar
 
     T = TypeVar("T")
     Flow = Generator[Step, Outcome, GateDecision]

@@ -12,7 +12,8 @@ Every path that is not an explicit allow from the server ends in a deny.
 
 The Claude Code hook imports this module in a new process for every tool call, so it
 imports little: its records are ``NamedTuple``s (not dataclasses, whose import costs
-more than the rest of the module), and what only some paths need is imported there.
+more than the rest of the module) made without importing ``typing``
+(:mod:`signoff.hooks._records`), and what only some paths need is imported there.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ import json
 from collections.abc import Callable, Generator, Mapping
 from enum import StrEnum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from signoff.hooks._decision import Decision
 
+TYPE_CHECKING = False  # ``typing`` is not imported at run time (see signoff.hooks._records)
 if TYPE_CHECKING:
-    from typing import Literal
+    from typing import Any, Literal, NamedTuple
 
     FailureKind = Literal["refused", "dns", "tls", "timeout", "other"]
+else:
+    from signoff.hooks._records import NamedTuple
 
 __all__ = [
     "DEFAULT_DEADLINE",

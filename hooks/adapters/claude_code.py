@@ -59,10 +59,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from types import FrameType, SimpleNamespace
-from typing import Any, NoReturn, TextIO
+from types import SimpleNamespace
 
 from signoff.hooks._base import ENV_API_KEY, ENV_SUBMIT_DEADLINE, ENV_URL, SyncGateClient
 from signoff.hooks._gate import (
@@ -76,6 +73,12 @@ from signoff.hooks._gate import (
     seconds_text,
     waiting_on,
 )
+
+TYPE_CHECKING = False  # ``typing`` is not imported at run time (see signoff.hooks._records)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import FrameType, TracebackType
+    from typing import Any, NoReturn, TextIO
 
 __all__ = [
     "DEFAULT_HOOK_TIMEOUT",
@@ -152,18 +155,23 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise _Stopped(f"stopped by {signal.Signals(signum).name}")
 
 
-@contextmanager
-def _signals(budget: float) -> Iterator[None]:
+class _Signals:
     """Turn SIGTERM and SIGINT into :class:`_Stopped`; and stop at the deadline whatever the
     server does (a server trickling one byte a second defeats per-read socket timeouts)."""
-    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
-    signal.setitimer(signal.ITIMER_REAL, budget)
-    try:
-        yield
-    finally:
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self.handlers: dict[signal.Signals, object] = {}
+
+    def __enter__(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
+            self.handlers[sig] = signal.signal(sig, _stop)
+        signal.setitimer(signal.ITIMER_REAL, self.budget)
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal returned
 
 
 def _client(args: SimpleNamespace) -> SyncGateClient:
@@ -423,7 +431,7 @@ def main(
             stdout.write(HELP)
             return 0
         budget = _budget(args)
-        with _signals(budget + 1.0):
+        with _Signals(budget + 1.0):
             try:
                 data = _load_input(stdin.read(MAX_INPUT + 1))
                 event = _event(data)

@@ -319,3 +319,19 @@ async def test_the_allow_path_over_plain_http_sends_the_key(server: Server, agen
     code, _, err, _ = await run_hook(hook_env(server.url, "wrong"), UNGATED)
     assert code == 2
     assert "401" in err
+
+
+LIGHT = ("typing", "contextlib", "importlib", "argparse", "urllib.parse", "httpx", "asyncio", "random", "uuid")
+"""What an allowed call over plain HTTP starts without: each costs the hook's every start."""
+
+
+async def test_an_allowed_call_imports_only_what_it_needs(server: Server, agent_key: str) -> None:
+    env = hook_env(server.url, agent_key, PYTHONPROFILEIMPORTTIME="1")
+    code, out, err, _ = await run_hook(env, UNGATED)
+    assert code == 0, err
+    assert json.loads(out) == {}
+    lines = err.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith("| _signoff_hooks_entry"))
+    imported = {line.rsplit("|", 1)[1].strip() for line in lines[start:] if line.startswith("import time:")}
+    assert "signoff.hooks._gate" in imported  # the import log is read
+    assert imported.isdisjoint(LIGHT), sorted(imported & set(LIGHT))
