@@ -172,12 +172,16 @@ async def create_for_approval(
     session: AsyncSession, req: ConfirmationRequest, *, actor: Actor, now: datetime
 ) -> list[Grant]:
     """In the approving transaction: the grant each gate's approving votes give, stored and
-    audited (``grant_created``)."""
+    audited (``grant_created``). A request whose gates offer no grant has none to give, and
+    its votes are not read: a vote names a grant only where its gate offers it (apply_vote)."""
+    gates = gates_of(req)
+    if not any(offers_of(gate) for gate in gates):
+        return []
     votes = list(
         (await session.exec(select(Vote).where(col(Vote.request_id) == req.id).order_by(col(Vote.id)))).all()
     )
     made: list[Grant] = []
-    for index, gate in enumerate(gates_of(req)):
+    for index, gate in enumerate(gates):
         choice = given(votes, index)
         if choice is None:
             continue

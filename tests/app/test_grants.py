@@ -389,3 +389,42 @@ async def test_taking_grants_off_the_gate_ends_them(
     path.write_text(yaml.safe_dump(changed))
     assert (await runtime.reload(path)).ok
     assert (await ask(http, agent_key, call()))["decision"] == "pending"
+
+
+async def test_an_approval_on_gates_offering_no_grant_reads_no_votes_for_one(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime
+) -> None:
+    """Approving a request whose gates offer no grant gives none, without reading its votes
+    for one; a gate that offers grants still gives the one chosen."""
+    from signoff.app.audit import Actor
+    from signoff.app.models import ConfirmationRequest
+    from signoff.app.requests import grants
+
+    plain = (await ask(http, agent_key, {"tool_name": "pay_invoice", "arguments": {"amount": 60000}}))[
+        "request_id"
+    ]
+    offering = (await ask(http, agent_key, call()))["request_id"]
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    engine = runtime.engine.sync_engine
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        async with transaction(runtime.sessions) as session:
+            req = await session.get(ConfirmationRequest, plain)
+            assert req is not None
+            statements.clear()
+            assert (
+                await grants.create_for_approval(session, req, actor=Actor("web", "alice"), now=utcnow())
+                == []
+            )
+            assert not any("vote" in s.lower() for s in statements), statements
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    d = await decide(http, offering, {"scope": "session", "for": "1h", "same": ["to"]})
+    assert d.status_code == 200, d.text
+    async with runtime.sessions() as s:
+        given = (await s.exec(select(Grant).where(col(Grant.request_id) == offering))).all()
+    assert [g.scope for g in given] == ["session"]
