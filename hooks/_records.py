@@ -14,7 +14,7 @@ sixth of the hook's start (``bench/hook_startup.py``). Type checkers read
 and at run time the same class statement makes what ``typing.NamedTuple`` makes: a
 ``collections.namedtuple`` with the class's defaults, methods, properties and docstring; its
 ``__annotations__`` are the strings written in the class (the modules that use it have
-``from __future__ import annotations``), which ``typing.get_type_hints`` resolves as usual.
+``from __future__ import annotations``), as ``typing.NamedTuple`` would keep them.
 """
 
 from __future__ import annotations
