@@ -321,7 +321,17 @@ async def test_the_allow_path_over_plain_http_sends_the_key(server: Server, agen
     assert "401" in err
 
 
-LIGHT = ("typing", "contextlib", "importlib", "argparse", "urllib.parse", "httpx", "asyncio", "random", "uuid")
+LIGHT = (
+    "typing",
+    "contextlib",
+    "importlib",
+    "argparse",
+    "urllib.parse",
+    "httpx",
+    "asyncio",
+    "random",
+    "uuid",
+)
 """What an allowed call over plain HTTP starts without: each costs the hook's every start."""
 
 

@@ -62,7 +62,8 @@ def test_the_same_shape_as_typing_makes() -> None:
     assert list(Light.__annotations__) == list(Typed.__annotations__)
     assert typing.get_type_hints(Light) == typing.get_type_hints(Typed)
     assert issubclass(Light, tuple)
-    assert Light.build("x") == ("x", 1, None) and isinstance(Light.build("x"), Light)
+    assert Light.build("x") == ("x", 1, None)
+    assert isinstance(Light.build("x"), Light)
 
 
 @given(st.text(), st.integers(), st.none() | st.dictionaries(st.text(), st.integers()))
@@ -97,8 +98,10 @@ def test_the_tuples_own_methods_are_not_overwritten() -> None:
 
 def test_the_gate_records_are_records() -> None:
     decision = GateDecision(allowed=False, reason="no", failure=GateFailure.UNAVAILABLE)
-    assert decision.decision == "deny" and decision.pending is False
+    assert decision.decision == "deny"
+    assert decision.pending is False
     assert repr(decision).startswith("GateDecision(allowed=False, reason='no'")
     assert HttpCall("GET", "/x", 1.0).params == {}
     call = ToolCall.build("t", {"a": 1}, runtime="r", session_id="s", tool_call_id="c")
-    assert call.idempotency_key == "r:s:c" and isinstance(call, tuple)
+    assert call.idempotency_key == "r:s:c"
+    assert isinstance(call, tuple)
