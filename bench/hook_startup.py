@@ -119,7 +119,9 @@ def main() -> None:
         if args.before:
             source = tmp / "before"
             source.mkdir()
-            archive = subprocess.run(["git", "archive", args.before, "hooks"], cwd=ROOT, check=True, capture_output=True)
+            archive = subprocess.run(
+                ["git", "archive", args.before, "hooks"], cwd=ROOT, check=True, capture_output=True
+            )
             subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
             subjects.append((f"wheel of {args.before}", wheel_venv(tmp / "before-wheel", source)))
         else:
