@@ -150,6 +150,9 @@ SLOWEST_FIRST = [
     "tests/fuzz/test_schemathesis.py",
     "tests/console/test_console_browser.py",
     "tests/hooks/test_mcp_proxy.py",
+    "tests/test_docker.py",
+    "tests/hooks/test_deadlines.py",
+    "tests/console/test_oidc.py",
     "tests/app/test_cli.py",
     "tests/app/test_reload.py",
     "tests/app/test_replicas.py",
@@ -334,6 +337,42 @@ class Server:
         self._server.stop.set()
         if self._task is not None:
             await self._task
+
+
+class InProcess:
+    """The app in the test's own process and event loop, reached through
+    ``httpx.ASGITransport``: no socket, no uvicorn. Its lifespan runs as under a server (on
+    entering and leaving), so what it sets up (``app.state.runtime``, the receipts' key, the
+    drain) is there. For tests of what the app answers, not of the process or the socket
+    (tests/README.md, "In process or a real server")."""
+
+    url = "http://signoff.test"
+
+    def __init__(self, runtime: Runtime, *, background: bool = False) -> None:
+        self.runtime = runtime
+        self.app = create_app(runtime, background=background)
+        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+
+    async def __aenter__(self) -> InProcess:
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._lifespan is not None:
+            await self._lifespan.__aexit__(*exc)
+
+    def client(self, **options: Any) -> httpx.AsyncClient:
+        """A client of the app, as ``httpx.AsyncClient(base_url=server.url)`` is of a server."""
+        options.setdefault("timeout", 30)
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url=self.url, **options)
+
+
+@contextlib.asynccontextmanager
+async def in_process_http(runtime: Runtime) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the app around ``runtime``, in process (:class:`InProcess`)."""
+    async with InProcess(runtime) as app, app.client() as client:
+        yield client
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from signoff.app.settings import Settings
 from signoff.channels.fake import FakeChannel
 from signoff.hooks.receipts import ReceiptInvalid, receipt_digest, verify_receipt
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -96,7 +97,7 @@ async def decide(http: httpx.AsyncClient, rid: str, **body: Any) -> dict[str, An
 
 
 async def test_an_approval_is_signed_and_travels_with_the_answers(
-    http: httpx.AsyncClient, agent_key: str, config: SignoffConfig
+    http: httpx.AsyncClient, agent_key: str, config: SignoffConfig, runtime: Runtime
 ) -> None:
     first = (await http.post(PRE, json=CALL, headers=auth(agent_key))).json()
     assert first["decision"] == "pending"
@@ -105,7 +106,7 @@ async def test_an_approval_is_signed_and_travels_with_the_answers(
     waiter = asyncio.create_task(
         http.get(f"/v1/requests/{rid}/wait", params={"timeout": 20}, headers=auth(agent_key))
     )
-    await asyncio.sleep(0.2)
+    await eventually(lambda: runtime.hub.waiting == 1)  # parked in its long-poll
     decided = await decide(http, rid, reason="invoice checked")
     waited = (await asyncio.wait_for(waiter, 20)).json()
     receipt = waited["receipt"]

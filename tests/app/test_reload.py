@@ -112,7 +112,7 @@ async def test_a_reload_applies_to_the_next_call_and_pending_requests_keep_their
         waiter = asyncio.create_task(
             http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=agent)
         )
-        await asyncio.sleep(0.2)
+        await eventually(lambda: runtime.hub.waiting == 1)  # parked in its long-poll
 
         write(config_file, with_refund_gate(DEFAULT_CONFIG, approvers=["carol"]))
         done = await http.post("/v1/admin/config/reload", headers=admin())

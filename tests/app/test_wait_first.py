@@ -21,6 +21,7 @@ from signoff.app.routers import agent as agent_router
 from signoff.app.routers.agent import AgentHotPaths, answer_wait
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
+from tests.waiting import eventually
 
 HEADERS = ("content-type", "retry-after", "www-authenticate")
 
@@ -121,7 +122,7 @@ async def test_a_waiter_is_woken_and_a_draining_one_told_to_wait_elsewhere_alike
     for http in both:
         rid = await _pending(runtime, http, agent_key, id(http) % 1000)
         waiter = asyncio.create_task(http.get(f"/v1/requests/{rid}/wait?timeout=20", headers=headers))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: runtime.hub.waiting == 1)  # parked in its long-poll
         assert not waiter.done()
         async with transaction(runtime.sessions) as s:
             await decide(s, rid, verdict=Verdict.APPROVE, operator="alice", config=runtime.config)
@@ -134,7 +135,7 @@ async def test_a_waiter_is_woken_and_a_draining_one_told_to_wait_elsewhere_alike
         asyncio.create_task(http.get(f"/v1/requests/{rid}/wait?timeout=20", headers=headers))
         for http, rid in zip((fast, routed), rids, strict=True)
     ]
-    await asyncio.sleep(0.2)
+    await eventually(lambda: runtime.hub.waiting == 2)
     runtime.hub.drain()
     got, want = await asyncio.wait_for(asyncio.gather(*waiters), 10)
     assert got.status_code == 503

@@ -39,7 +39,7 @@ from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
 from signoff.channels import GrantChoice, Verdict
 from tests.app.factories import make_request
-from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server, free_port
+from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server, _Uvicorn, free_port
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(bytes(range(100, 132))).decode()
@@ -110,9 +110,8 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     rx = Receiver(SECRET)
-    server = uvicorn.Server(
-        uvicorn.Config(rx, host="127.0.0.1", port=rx.port, log_level="warning", lifespan="off")
-    )
+    # Stopped at once (no tick, no grace): a test is done with its deliveries when it ends.
+    server = _Uvicorn(uvicorn.Config(rx, host="127.0.0.1", port=rx.port, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
@@ -120,6 +119,7 @@ async def receiver() -> AsyncIterator[Receiver]:
             task.result()
     yield rx
     server.should_exit = True
+    server.stop.set()
     await task
 
 

@@ -5,6 +5,7 @@ asyncio one the MCP proxy uses."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -86,6 +87,8 @@ class Raw:
 
     def close(self) -> None:
         self._stop = True
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # the accept returns at once, not at its timeout
         self._thread.join()
         self.listener.close()
 
