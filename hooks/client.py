@@ -180,14 +180,15 @@ class GateClient(SyncGateClient):
 
     def _exchange(self, call: HttpCall) -> HttpReply | TransportFailure:
         # httpx's timeouts bound each read, so a server trickling a byte at a time would hold
-        # the call forever: past the exchange's own timeout its connections are closed.
+        # the call forever: at the exchange's own timeout (never past the caller's deadline)
+        # its connections are closed.
         overdue = threading.Event()
 
         def abort() -> None:
             overdue.set()
             self._transport.close()
 
-        watchdog = threading.Timer(call.timeout + 1.0, abort)
+        watchdog = threading.Timer(call.timeout, abort)
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -337,8 +338,8 @@ class AsyncGateClient(ClientBase):
 
     async def _exchange(self, call: HttpCall) -> HttpReply | TransportFailure:
         try:
-            # httpx timeouts bound each read; this bounds the whole exchange.
-            async with asyncio.timeout(call.timeout + 1.0):
+            # httpx timeouts bound each read; this bounds the whole exchange, by its timeout.
+            async with asyncio.timeout(call.timeout):
                 return _to_reply(await self._http.request(**_request_args(self, call)))
         except (httpx.RequestError, TimeoutError) as exc:
             return _failure(exc)

@@ -64,7 +64,7 @@ pool_mode = transaction
 default_pool_size = {self.pool_size}
 max_client_conn = 1000
 server_login_retry = 1
-query_wait_timeout = 10
+query_wait_timeout = 2
 ignore_startup_parameters = extra_float_digits
 """,
             encoding="utf-8",
