@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -90,8 +90,8 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
         await fake.close()
 
 
-@contextlib.contextmanager
-def replica(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
+@contextlib.asynccontextmanager
+async def replica(env: dict[str, str], port: int, log: Path) -> AsyncIterator[str]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "signoff.app.cli", "serve", "--port", str(port), "--no-migrate"],
@@ -104,7 +104,9 @@ def replica(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.terminate()
-            proc.wait(10)
+            # Waited for off the loop: the fake Slack in this loop answers the sends the
+            # server finishes while it stops.
+            await asyncio.to_thread(proc.wait, 10)
 
 
 async def ready(url: str) -> None:
@@ -136,7 +138,7 @@ async def replicas(pg: str, fake_slack: FakeSlack, tmp_path: Path) -> AsyncItera
     async with transaction(sessionmaker(engine)) as s:
         _, key = await create_key(s, "finance-bot", actor=Actor("test"))
     await engine.dispose()
-    with (
+    async with (
         replica(env, free_port(), tmp_path / "a.log") as a,
         replica(env, free_port(), tmp_path / "b.log") as b,
     ):
