@@ -2,7 +2,9 @@
 
 The client is the ``mcp`` SDK's own, over stdio (the proxy as a subprocess, as Claude
 Code and Cursor start it) or streamable HTTP (``--listen``); the upstream is a real SDK
-server (``tests.hooks.mcp_upstream``) over stdio or streamable HTTP; Signoff is the
+server (``tests.hooks.mcp_upstream``) over stdio or streamable HTTP, forked from a process
+that has imported it (``tests.hooks.mcp_forkserver``) except where the upstream process
+itself is checked (its pid, a client killed, SIGTERM); Signoff is the
 real server (the ``server`` fixture, SQLite), with a gate on ``mcp__up__pay_*``, or the
 fake of ``signoff_fakes`` where the real server cannot produce an answer (rewritten
 arguments, a malformed answer) or where the reports of executed calls are checked.
@@ -11,12 +13,14 @@ arguments, a malformed answer) or where the reports of executed calls are checke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -77,6 +81,9 @@ from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = [sys.executable, "-m", "tests.hooks.mcp_upstream"]
+FORKSERVER = os.path.join(tempfile.gettempdir(), f"signoff-mcp-upstream-{os.getpid()}.sock")
+FORKED = [sys.executable, "-m", "tests.hooks.mcp_forkserver", FORKSERVER]
+"""The same upstream, forked from one that has imported the SDK (tests/hooks/mcp_forkserver.py)."""
 PROXY = [sys.executable, "-m", "signoff.hooks.mcp_proxy"]
 BIG = {"invoice_id": "inv-1", "amount": 90_000}
 LIST_CHANGES = {ToolListChangedNotification, PromptListChangedNotification, ResourceListChangedNotification}
@@ -92,6 +99,25 @@ GATE = {
     "timeout": "30m",
     "editable": ["amount"],
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forkserver() -> Iterator[None]:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(FORKSERVER)
+    args = [sys.executable, "-m", "tests.hooks.mcp_forkserver", "--serve", FORKSERVER]
+    with subprocess.Popen(args, cwd=REPO, stdin=subprocess.DEVNULL) as server:
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(FORKSERVER):
+                assert server.poll() is None, f"the upstream's fork server exited ({server.returncode})"
+                assert time.monotonic() < deadline, "the upstream's fork server did not start"
+                time.sleep(0.02)
+            yield
+        finally:
+            server.kill()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(FORKSERVER)
 
 
 @pytest.fixture
@@ -119,9 +145,13 @@ def proxy_env(url: str, key: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def logged(tmp_path: Path) -> list[str]:
+    """The upstream's options that record its calls and its pid in the test's folder."""
+    return ["--log", str(tmp_path / "calls.jsonl"), "--pid-file", str(tmp_path / "upstream.pid")]
+
+
 def proxy_args(tmp_path: Path, *options: str, upstream: list[str] | None = None) -> list[str]:
-    log = ["--log", str(tmp_path / "calls.jsonl"), "--pid-file", str(tmp_path / "upstream.pid")]
-    return ["--name", "up", *options, "--", *(upstream or [*UPSTREAM, *log])]
+    return ["--name", "up", *options, "--", *(upstream or [*FORKED, *logged(tmp_path)])]
 
 
 @asynccontextmanager
@@ -149,7 +179,7 @@ async def proxied(
 @asynccontextmanager
 async def direct(tmp_path: Path, mode: str = "legacy", **client: Any) -> AsyncIterator[Client]:
     """The same client straight to the test upstream."""
-    params = StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:], cwd=str(REPO))
+    params = StdioServerParameters(command=FORKED[0], args=FORKED[1:], cwd=str(REPO))
     async with Client(params, mode=mode, cache=None, **client) as c:
         yield c
 
@@ -405,7 +435,7 @@ async def test_a_gated_call_that_asks_the_user_is_asked_of_signoff_once(
 async def test_an_upstream_asking_for_roots_as_it_starts_asks_the_client_that_connects(
     tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
 ) -> None:
-    upstream = [*UPSTREAM, "--roots-on-start", "--log", str(tmp_path / "calls.jsonl")]
+    upstream = [*FORKED, "--roots-on-start", "--log", str(tmp_path / "calls.jsonl")]
     params = StdioServerParameters(
         command=PROXY[0],
         args=[*PROXY[1:], *proxy_args(tmp_path, upstream=upstream)],
@@ -1103,7 +1133,8 @@ anyio.run(main)
 
 def test_killing_the_client_leaves_no_upstream_behind(tmp_path: Path) -> None:
     with fake_signoff() as live:
-        args = [sys.executable, "-c", CLIENT, *PROXY, *proxy_args(tmp_path)]
+        upstream = [*UPSTREAM, *logged(tmp_path)]  # the process itself is what is checked
+        args = [sys.executable, "-c", CLIENT, *PROXY, *proxy_args(tmp_path, upstream=upstream)]
         env = proxy_env(live.url, KEY)
         with process(args, env=env, stdout=subprocess.PIPE) as client:
             assert client.stdout is not None
@@ -1119,7 +1150,7 @@ def test_killing_the_client_leaves_no_upstream_behind(tmp_path: Path) -> None:
 
 def test_sigterm_stops_the_proxy_and_its_upstream(tmp_path: Path) -> None:
     with fake_signoff() as live:
-        args = [*PROXY, *proxy_args(tmp_path)]
+        args = [*PROXY, *proxy_args(tmp_path, upstream=[*UPSTREAM, *logged(tmp_path)])]
         with process(
             args, env=proxy_env(live.url, KEY), stdin=subprocess.PIPE, stdout=subprocess.PIPE
         ) as proxy:

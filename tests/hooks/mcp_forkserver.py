@@ -1,0 +1,106 @@
+"""The test upstream (:mod:`tests.hooks.mcp_upstream`) started without paying for its import.
+
+The MCP SDK takes about a second to import, and the proxy tests start an upstream for nearly
+every test. One process per test worker imports the upstream once and forks a copy for each
+start; what the proxy runs is a launcher of the standard library alone:
+
+    python -m tests.hooks.mcp_forkserver SOCKET [UPSTREAM ARGUMENTS...]
+
+The launcher hands the server its stdin, stdout and stderr, its arguments, environment and
+working directory; the copy runs ``mcp_upstream.main()`` on them, so the proxy talks to it as
+to the upstream it started. The launcher exits with the copy's exit code; a signal sent to the
+launcher is passed on to the copy, and a copy whose launcher dies (killed) exits too.
+
+Tests about the upstream as a process (its pid, a client killed, SIGTERM) start the real
+command instead; the server runs as ``python -m tests.hooks.mcp_forkserver --serve SOCKET``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+
+
+def launch(path: str, args: list[str]) -> int:
+    """Start a copy of the upstream with this process's stdio; its exit code."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    socket.send_fds(conn, [b"\0"], [0, 1, 2])
+    request = {"args": args, "env": dict(os.environ), "cwd": os.getcwd()}
+    conn.sendall(json.dumps(request).encode() + b"\n")
+    answers = conn.makefile("rb")
+    pid = int(answers.readline())
+
+    def pass_on(received: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, received)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, pass_on)
+    code = answers.readline()
+    return int(code) if code.strip() else 1  # killed: no code was sent
+
+
+def serve(path: str) -> None:
+    """Fork a copy of the upstream for each launcher that connects, until killed."""
+    import threading
+    import traceback
+
+    from tests.hooks import mcp_upstream
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # exited copies are reaped by the kernel
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    while True:
+        conn, _ = listener.accept()
+        _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+        request = json.loads(conn.makefile("rb").readline())
+        if os.fork() != 0:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            continue
+        listener.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        conn.sendall(f"{os.getpid()}\n".encode())
+        threading.Thread(target=_exit_with_launcher, args=(conn,), daemon=True).start()
+        code = 1
+        try:
+            sys.argv = ["mcp_upstream", *request["args"]]
+            mcp_upstream.main()
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else int(done.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            with contextlib.suppress(OSError):
+                conn.sendall(f"{code}\n".encode())
+            os._exit(code)
+
+
+def _exit_with_launcher(conn: socket.socket) -> None:
+    """A copy's launcher never writes again: its end closing means it is gone (killed)."""
+    conn.recv(1)
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:
+        sys.exit(launch(sys.argv[1], sys.argv[2:]))
