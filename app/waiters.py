@@ -216,8 +216,14 @@ async def listen_for_decisions(
             log.warning("cannot LISTEN for decisions at %s (%s); retrying", where, type(exc).__name__)
         finally:
             if conn is not None and not conn.is_closed():
-                with contextlib.suppress(Exception):
+                # A close that fails or is cancelled still leaves no connection open.
+                try:
                     await conn.close(timeout=2)
+                except Exception:
+                    conn.terminate()
+                except BaseException:
+                    conn.terminate()
+                    raise
         await asyncio.sleep(retry_seconds)
 
 
