@@ -1,7 +1,7 @@
 """SQLite serving: statements on the event loop's thread, one writer connection handed out fairly.
 
 Both tweaks reach into the internals of the libraries below them: :class:`InlineSQLite`
-overrides ``aiosqlite.Connection``'s private ``_execute`` and reads its ``_connection``,
+overrides ``aiosqlite.Connection``'s private ``_execute`` and its ``stop`` and reads its ``_connection``,
 ``_running``, ``_conn`` and ``_thread``; :class:`_FairQueue` uses SQLAlchemy's
 ``AsyncAdaptedQueue._queue`` and ``sqlalchemy.util.await_``. They were written for the
 releases in :data:`WRITTEN_FOR`, to which ``pyproject.toml`` pins both libraries. Under any
@@ -138,6 +138,16 @@ class InlineSQLite(aiosqlite.Connection):
                 await super()._execute(self._checkpoint)  # type: ignore[no-untyped-call]
             return None
         return await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def stop(self) -> asyncio.Future[Any] | None:
+        """Stop the worker thread once. A second stop would queue its answer behind the
+        first one's, which ends the worker: nothing would ever answer it, and aiosqlite's
+        ``close()`` after SQLAlchemy's ``stop()`` (a connection whose task was cancelled
+        mid-query) would wait for ever, holding the event loop's shutdown."""
+        if not self._running:
+            return None
+        future: asyncio.Future[Any] | None = super().stop()
+        return future
 
     def _begin_waiting(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         conn = self._conn

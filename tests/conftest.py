@@ -12,6 +12,7 @@ import socket
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 import httpx._transports.default
 import pytest
 import sqlalchemy as sa
+import time_machine
 import uvicorn
 from sqlalchemy.engine import make_url
 
@@ -123,6 +125,15 @@ def _drop_pg_database(url: str) -> None:
             await conn.close()
 
     asyncio.run(drop())
+
+
+@pytest.fixture
+def clock() -> Iterator[time_machine.Traveller]:
+    """This process's clock, moved on with ``clock.shift(seconds)`` instead of waiting for time
+    to pass (``time-machine``: the server's times, sessions, tokens and deadlines read it; the
+    event loop's monotonic clock is left alone). Only for a server in the test's own process."""
+    with time_machine.travel(datetime.now(UTC), tick=True) as traveller:
+        yield traveller
 
 
 @pytest.fixture(scope="session")

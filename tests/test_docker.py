@@ -223,6 +223,7 @@ def test_the_dependency_layer_installs_what_the_distributions_require() -> None:
     assert {_canonical(r) for r in _script_requirements()} == wanted - {f"signoff-hooks=={VERSION}"}
 
 
+@pytest.mark.e2e
 def test_the_dockerfiles_install_lines_work_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     """The Dockerfile's WORKDIR, COPY and pip RUN lines, run as written in a copy of the build
     context, with a fresh virtualenv's ``python`` and ``pip`` first on PATH. (Its ENV lines are

@@ -3,6 +3,7 @@ releases they were written for, which pyproject.toml pins."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 import tomllib
@@ -82,3 +83,17 @@ async def test_other_releases_serve_sqlite_the_standard_way(
     assert "serving SQLite the standard way" in caplog.text
     assert f"aiosqlite {version('aiosqlite')} is installed" in caplog.text
     assert "written for aiosqlite 0.1.x" in caplog.text
+
+
+async def test_a_connection_closed_after_it_was_stopped_does_not_wait_for_ever(tmp_path: Path) -> None:
+    """SQLAlchemy ends a connection whose task was cancelled mid-query by ``stop()`` while its
+    shielded graceful ``close()`` still runs; aiosqlite's ``close()`` then stops the worker a
+    second time and waits for an answer the stopped worker never sends, which held the event
+    loop's shutdown (``asyncio.run``'s cancelling of the tasks left) for ever."""
+    connect = sqlite._inline_connector(f"sqlite:///{tmp_path / 'x.db'}", writer=True, sync="full")
+    conn = await connect()
+    conn.stop()  # SQLAlchemy's force close, first
+    with pytest.raises(ValueError, match="closed"):
+        await asyncio.wait_for(conn.close(), 5)  # the graceful close, after: refused at once
+    await asyncio.wait_for(asyncio.to_thread(conn._thread.join, 5), 6)
+    assert not conn._thread.is_alive()

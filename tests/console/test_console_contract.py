@@ -5,10 +5,10 @@ a conflicting decision after the request is decided names the final state and wh
 
 from __future__ import annotations
 
-import asyncio
 import html
 
 import httpx
+import time_machine
 
 from tests.conftest import ADMIN_TOKEN
 from tests.console.conftest import Agent, Console
@@ -25,7 +25,9 @@ async def flash(console: Console, rid: str) -> tuple[str, str]:
     raise AssertionError("no message on the page")
 
 
-async def test_the_console_answers_repeats_conflicts_and_late_decisions(alice: Console, agent: Agent) -> None:
+async def test_the_console_answers_repeats_conflicts_and_late_decisions(
+    alice: Console, agent: Agent, clock: time_machine.Traveller
+) -> None:
     rid = await agent.ask()
     await alice.decide(rid, "approve")
     assert await flash(alice, rid) == ("status", "Approved once by Alice.")
@@ -39,7 +41,7 @@ async def test_the_console_answers_repeats_conflicts_and_late_decisions(alice: C
     assert await agent.status(rid) == "approved"
 
     quick = await agent.ask("quick_fix", arguments={})
-    await asyncio.sleep(1.2)
+    clock.shift(1.2)  # past the gate's 1 s
     await alice.decide(quick, "approve")
     assert await flash(alice, quick) == ("alert", "This request has already expired.")
 

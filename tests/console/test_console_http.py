@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 import sqlalchemy as sa
+import time_machine
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -331,7 +332,9 @@ async def short_server(short_settings: Settings, runtime: Runtime) -> AsyncItera
         await rt.aclose()
 
 
-async def test_expired_session_goes_back_to_sign_in(short_server: Server, runtime: Runtime) -> None:
+async def test_expired_session_goes_back_to_sign_in(
+    short_server: Server, runtime: Runtime, clock: time_machine.Traveller
+) -> None:
     console = Console(short_server.url)
     try:
         async with runtime.sessions() as s:
@@ -342,7 +345,7 @@ async def test_expired_session_goes_back_to_sign_in(short_server: Server, runtim
         assert page.status_code == 200
         token = csrf_of(page.text)
         cookie = console.client.cookies[SESSION_COOKIE]
-        await asyncio.sleep(1.7)
+        clock.shift(1.7)  # past the session's 1.5 s
 
         where, _ = redirect_target(await console.get("/ui/"))
         assert where == "/ui/login"

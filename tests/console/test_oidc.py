@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+import time_machine
 from playwright.async_api import Browser, async_playwright, expect
 from sqlmodel import col, select
 
@@ -280,21 +281,25 @@ async def test_the_provider_refusing_the_sign_in_is_said_on_the_login_page(
 
 
 async def test_a_sign_in_is_confirmed_again_without_a_prompt_and_a_disabled_account_signed_out(
-    console: Console, provider: FakeProvider, password_hashes: dict[str, str], runtime: Runtime
+    console: Console,
+    provider: FakeProvider,
+    password_hashes: dict[str, str],
+    runtime: Runtime,
+    clock: time_machine.Traveller,
 ) -> None:
     body = _body(provider, password_hashes)
     body["console"]["oidc"]["recheck_seconds"] = 1
     runtime.config = parse_config(body, source="recheck.yaml")
     await _sign_in(console, provider, DANA)
     assert await _who(console) == "Dana"
-    await asyncio.sleep(1.1)
+    clock.shift(1.1)  # past recheck_seconds
     again = await console.client.get("/ui/grants", follow_redirects=True)  # confirmed on the way
     assert again.status_code == 200
     assert again.url.path == "/ui/grants"
     assert provider.prompts == [None, "none"]
 
     copied = console.client.cookies.get("signoff_session")
-    await asyncio.sleep(1.1)
+    clock.shift(1.1)
     provider.account = None  # the account is disabled at the provider
     refused = await console.client.get("/ui/grants", follow_redirects=True)
     assert refused.status_code == 401
