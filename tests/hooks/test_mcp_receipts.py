@@ -18,7 +18,7 @@ from signoff.channels import Verdict
 from signoff.hooks.receipts import receipt_digest, verify_receipt
 from tests.conftest import Server
 from tests.hooks.test_client_server import admin_client, pending_ids, vote
-from tests.hooks.test_mcp_proxy import BIG, calls, config, proxied, text  # noqa: F401  (fixtures)
+from tests.hooks.test_mcp_proxy import BIG, calls, config, forkserver, proxied, text  # noqa: F401  (fixtures)
 
 
 async def test_an_approved_calls_result_carries_its_receipt_and_its_report_the_execution_receipt(
