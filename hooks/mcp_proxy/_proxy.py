@@ -747,7 +747,9 @@ class GatingProxy:
         ask: dict[str, Any],
         started: float,
     ) -> GateDecision:
-        """Signoff's answer, held up to ``--hold`` seconds while a person decides."""
+        """Signoff's answer, held up to ``--hold`` seconds while a person decides. A request
+        known to be pending stays the answer when Signoff cannot be heard from again within
+        the hold (slow, restarting): the call waits, and its retry re-attaches."""
         first = await self.gate.pre_tool_use(tool, arguments, wait=False, **ask)
         left = self.config.hold - (anyio.current_time() - started)
         if not first.pending or left <= 0:
@@ -757,7 +759,7 @@ class GatingProxy:
                 tg.start_soon(self._keep_informed, ctx, first.request_id, started)
             decision = await self.gate.pre_tool_use(tool, arguments, deadline=left, **ask)
             tg.cancel_scope.cancel()
-        return decision
+        return first if decision.failure is GateFailure.UNAVAILABLE else decision
 
     async def _keep_informed(
         self, ctx: ServerRequestContext[Any, Any], request_id: str | None, started: float

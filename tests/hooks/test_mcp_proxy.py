@@ -989,6 +989,34 @@ async def test_a_malformed_answer_from_signoff_is_not_forwarded(
     assert calls() == []
 
 
+class SlowToConfirm(LiveSignoff):
+    """Answers a call's first submission at once, and every later one after longer than the
+    proxy holds a call."""
+
+    def _submit(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.submissions:
+            time.sleep(1.5)
+        return super()._submit(body)
+
+
+async def test_a_pending_call_signoff_is_slow_to_confirm_again_still_waits(
+    tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
+) -> None:
+    """Signoff said the call waits, then did not answer again within the hold: the call still
+    waits (its request exists; the retry re-attaches), it is not called unavailable, and
+    nothing runs."""
+    live = SlowToConfirm().start()
+    try:
+        async with proxied(tmp_path, live.url, KEY, "--hold", "0.5") as client:
+            result = await client.call_tool("pay_invoice", BIG)
+    finally:
+        live.stop()
+    (rid,) = live.requests
+    assert result.is_error
+    assert result.meta == {"signoff/decision": "pending", "signoff/request_id": rid}, text(result)
+    assert calls() == []
+
+
 async def test_signoff_down_means_nothing_is_forwarded(
     tmp_path: Path, calls: Callable[[], list[dict[str, Any]]]
 ) -> None:
