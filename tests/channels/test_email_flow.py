@@ -446,6 +446,7 @@ async def test_a_server_without_email_links_answers_none(http: httpx.AsyncClient
     assert "This server does not answer email links." in page.text
 
 
+@pytest.mark.browser
 async def test_a_link_page_works_in_a_browser(
     mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
 ) -> None:

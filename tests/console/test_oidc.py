@@ -585,6 +585,7 @@ async def chromium() -> AsyncIterator[Browser]:
             await b.close()
 
 
+@pytest.mark.browser
 async def test_the_login_redirect_round_trip_in_chromium(
     chromium: Browser, console_server: Server, provider: FakeProvider
 ) -> None:
