@@ -301,8 +301,8 @@ def free_port() -> int:
 class _Uvicorn(uvicorn.Server):
     """uvicorn that stops at once: no 0.1 s tick to notice ``should_exit``, no grace period for
     connections or requests still open (a test closes its clients first, and what a stop does
-    to requests in flight is tested on ``signoff serve`` processes). The app's lifespan still
-    shuts down."""
+    to requests in flight is tested on ``signoff serve`` processes): requests still running are
+    cancelled, and waited for while they unwind. The app's lifespan still shuts down."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
@@ -317,8 +317,11 @@ class _Uvicorn(uvicorn.Server):
             listener.close()
         for connection in list(self.server_state.connections):
             connection.shutdown()
-        for task in self.server_state.tasks:
+        tasks = list(self.server_state.tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:  # a request cancelled gives its database connection back as it unwinds
+            await asyncio.wait(tasks, timeout=10)
         await self.lifespan.shutdown()
 
 

@@ -1,18 +1,21 @@
-"""The test upstream (:mod:`tests.hooks.mcp_upstream`) started without paying for its import.
+"""The test upstream and the proxy started without paying for their imports.
 
-The MCP SDK takes about a second to import, and the proxy tests start an upstream for nearly
-every test. One process per test worker imports the upstream once and forks a copy for each
-start; what the proxy runs is a launcher of the standard library alone:
+The MCP SDK takes about a second to import, and the proxy tests start a proxy and an upstream
+for nearly every test. One process per test worker imports both once and forks a copy for each
+start; what the client (or the proxy) runs is a launcher of the standard library alone:
 
-    python -m tests.hooks.mcp_forkserver SOCKET [UPSTREAM ARGUMENTS...]
+    python -m tests.hooks.mcp_forkserver SOCKET upstream [UPSTREAM ARGUMENTS...]
+    python -m tests.hooks.mcp_forkserver SOCKET proxy [signoff-mcp-proxy ARGUMENTS...]
 
 The launcher hands the server its stdin, stdout and stderr, its arguments, environment and
-working directory; the copy runs ``mcp_upstream.main()`` on them, so the proxy talks to it as
-to the upstream it started. The launcher exits with the copy's exit code; a signal sent to the
-launcher is passed on to the copy, and a copy whose launcher dies (killed) exits too.
+working directory; the copy runs the program's ``main()`` on them (``tests.hooks.mcp_upstream``,
+``signoff.hooks.mcp_proxy``), so the client talks to it as to the process it started. The
+launcher exits with the copy's exit code; a signal sent to the launcher is passed on to the
+copy, and a copy whose launcher dies (killed) exits too.
 
-Tests about the upstream as a process (its pid, a client killed, SIGTERM) start the real
-command instead; the server runs as ``python -m tests.hooks.mcp_forkserver --serve SOCKET``.
+Tests about a process as a process (its pid, a client killed, SIGTERM, start-up errors, the
+HTTP transport) start the real command instead; the server runs as
+``python -m tests.hooks.mcp_forkserver --serve SOCKET``.
 """
 
 from __future__ import annotations
@@ -24,13 +27,18 @@ import signal
 import socket
 import sys
 
+PROGRAMS = {"upstream": "tests.hooks.mcp_upstream", "proxy": "signoff.hooks.mcp_proxy._cli"}
+"""What a launcher may start: the module whose ``main()`` the copy runs."""
+PRELOADED = [*PROGRAMS.values(), "signoff.hooks.mcp_proxy._proxy", "signoff.hooks.mcp_proxy._stdio"]
+"""Imported by the server before it forks (the proxy imports the SDK as it starts)."""
 
-def launch(path: str, args: list[str]) -> int:
-    """Start a copy of the upstream with this process's stdio; its exit code."""
+
+def launch(path: str, program: str, args: list[str]) -> int:
+    """Start a copy of ``program`` with this process's stdio; its exit code."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     socket.send_fds(conn, [b"\0"], [0, 1, 2])
-    request = {"args": args, "env": dict(os.environ), "cwd": os.getcwd()}
+    request = {"program": program, "args": args, "env": dict(os.environ), "cwd": os.getcwd()}
     conn.sendall(json.dumps(request).encode() + b"\n")
     answers = conn.makefile("rb")
     pid = int(answers.readline())
@@ -46,11 +54,14 @@ def launch(path: str, args: list[str]) -> int:
 
 
 def serve(path: str) -> None:
-    """Fork a copy of the upstream for each launcher that connects, until killed."""
+    """Fork a copy of a program for each launcher that connects, until killed."""
+    import importlib
+    import logging
     import threading
     import traceback
 
-    from tests.hooks import mcp_upstream
+    for module in PRELOADED:
+        importlib.import_module(module)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # exited copies are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -77,8 +88,13 @@ def serve(path: str) -> None:
         threading.Thread(target=_exit_with_launcher, args=(conn,), daemon=True).start()
         code = 1
         try:
-            sys.argv = ["mcp_upstream", *request["args"]]
-            mcp_upstream.main()
+            if request["program"] != "upstream":
+                # The upstream's import set up the root logger; a new process has none.
+                logging.root.handlers.clear()
+                logging.root.setLevel(logging.WARNING)
+            module = PROGRAMS[request["program"]]
+            sys.argv = [module, *request["args"]]
+            importlib.import_module(module).main()
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else int(done.code is not None)
@@ -103,4 +119,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--serve":
         serve(sys.argv[2])
     else:
-        sys.exit(launch(sys.argv[1], sys.argv[2:]))
+        sys.exit(launch(sys.argv[1], sys.argv[2], sys.argv[3:]))

@@ -82,9 +82,11 @@ from tests.waiting import eventually
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = [sys.executable, "-m", "tests.hooks.mcp_upstream"]
 FORKSERVER = os.path.join(tempfile.gettempdir(), f"signoff-mcp-upstream-{os.getpid()}.sock")
-FORKED = [sys.executable, "-m", "tests.hooks.mcp_forkserver", FORKSERVER]
+FORKED = [sys.executable, "-m", "tests.hooks.mcp_forkserver", FORKSERVER, "upstream"]
 """The same upstream, forked from one that has imported the SDK (tests/hooks/mcp_forkserver.py)."""
 PROXY = [sys.executable, "-m", "signoff.hooks.mcp_proxy"]
+FORKED_PROXY = [sys.executable, "-m", "tests.hooks.mcp_forkserver", FORKSERVER, "proxy"]
+"""The same proxy, forked likewise: for the tests of what it answers, not of its process."""
 BIG = {"invoice_id": "inv-1", "amount": 90_000}
 LIST_CHANGES = {ToolListChangedNotification, PromptListChangedNotification, ResourceListChangedNotification}
 
@@ -166,8 +168,8 @@ async def proxied(
 ) -> AsyncIterator[Client]:
     """The SDK's client, over stdio, to the proxy in front of the test upstream."""
     params = StdioServerParameters(
-        command=PROXY[0],
-        args=[*PROXY[1:], *proxy_args(tmp_path, *options)],
+        command=FORKED_PROXY[0],
+        args=[*FORKED_PROXY[1:], *proxy_args(tmp_path, *options)],
         env=proxy_env(url, key, **(env or {})),
         cwd=str(REPO),
     )
@@ -437,8 +439,8 @@ async def test_an_upstream_asking_for_roots_as_it_starts_asks_the_client_that_co
 ) -> None:
     upstream = [*FORKED, "--roots-on-start", "--log", str(tmp_path / "calls.jsonl")]
     params = StdioServerParameters(
-        command=PROXY[0],
-        args=[*PROXY[1:], *proxy_args(tmp_path, upstream=upstream)],
+        command=FORKED_PROXY[0],
+        args=[*FORKED_PROXY[1:], *proxy_args(tmp_path, upstream=upstream)],
         env=proxy_env(f"http://127.0.0.1:{free_port()}", KEY),
         cwd=str(REPO),
     )
@@ -1198,8 +1200,8 @@ async def test_an_upstream_that_dies_is_reported_and_the_proxy_exits(
 ) -> None:
     with fake_signoff(policy=lambda tool, args: "allow") as live:
         params = StdioServerParameters(
-            command=PROXY[0],
-            args=[*PROXY[1:], *proxy_args(tmp_path)],
+            command=FORKED_PROXY[0],
+            args=[*FORKED_PROXY[1:], *proxy_args(tmp_path)],
             env=proxy_env(live.url, KEY),
             cwd=str(REPO),
         )
