@@ -11,6 +11,11 @@ SUM := $(shell cat pyproject.toml hooks/pyproject.toml | cksum | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(SUM)
 STAMP := $(VENV)/.installed-dev-$(SUM)
 
+# Python keeps its bytecode caches even where the environment says not to: pytest's rewritten
+# test modules and every `signoff`, hook and proxy process the tests start are compiled once,
+# not every time (collection alone: 14 s a worker without them, 8 s with).
+unexport PYTHONDONTWRITEBYTECODE
+
 export SIGNOFF_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/signoff_test
 MIGRATIONS_PG_URL := postgresql://postgres@127.0.0.1:5432/signoff_migrations_check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

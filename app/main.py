@@ -24,8 +24,9 @@ from sqlalchemy.exc import DataError
 from sqlmodel import select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from signoff.app import console, receipt_keys, refusals, version
+from signoff.app import receipt_keys, refusals, version
 from signoff.app.bodies import storable
+from signoff.app.console import mount as console
 from signoff.app.db import RETRY_AFTER_SECONDS, UNAVAILABLE, is_sqlite, log_failure, transaction
 from signoff.app.drain import STOPPING, AnswerCancelled, Drain
 from signoff.app.logs import RequestId

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+import threading
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -92,8 +93,13 @@ async def test_a_connection_closed_after_it_was_stopped_does_not_wait_for_ever(t
     loop's shutdown (``asyncio.run``'s cancelling of the tasks left) for ever."""
     connect = sqlite._inline_connector(f"sqlite:///{tmp_path / 'x.db'}", writer=True, sync="full")
     conn = await connect()
+    busy = threading.Event()  # the worker thread is mid-query: the stop below waits behind it
+    query = asyncio.ensure_future(aiosqlite.Connection._execute(conn, busy.wait, 10))
+    await asyncio.sleep(0)  # queued
     conn.stop()  # SQLAlchemy's force close, first
     with pytest.raises(ValueError, match="closed"):
         await asyncio.wait_for(conn.close(), 5)  # the graceful close, after: refused at once
+    busy.set()
+    assert await query is True
     await asyncio.wait_for(asyncio.to_thread(conn._thread.join, 5), 6)
     assert not conn._thread.is_alive()
