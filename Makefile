@@ -109,10 +109,11 @@ pytest: install chromium strace pgbouncer
 	@$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The inner loop: SQLite only, no browser, no end-to-end installs or CLI runs (the markers
-# postgres, browser and e2e: tests/README.md).
+# postgres, browser and e2e: tests/README.md). Three workers on two cores: a third of the
+# inner loop's time is spent waiting on processes and timers, which a third worker fills.
 test-fast: install
-	@echo "==> pytest: not postgres, browser or e2e, two workers"
-	@$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not postgres and not browser and not e2e"
+	@echo "==> pytest: not postgres, browser or e2e, three workers"
+	@$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder -q -m "not postgres and not browser and not e2e"
 
 # Line and branch coverage of app, channels and hooks over the whole suite (tests/README.md).
 coverage: install postgres chromium strace pgbouncer
