@@ -389,6 +389,7 @@ class Runtime:
             )
 
     async def aclose(self, extra: Iterable[Channel] = ()) -> None:
+        await self.current.aclose()  # a shared read still running gives its connection back
         for ch in [*self.channels.values(), *extra]:
             try:
                 await ch.aclose()

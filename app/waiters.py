@@ -67,6 +67,14 @@ class Coalesced(Generic[V]):
         # A caller that is cancelled (its client left) does not cancel the others' read.
         return await asyncio.shield(fut)
 
+    async def aclose(self) -> None:
+        """Stop the read in progress, if any, and wait until it has given its connection back;
+        its callers are cancelled (the server is stopping)."""
+        reader = self._reader
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
     async def _drain(self) -> None:
         batch: dict[str, asyncio.Future[V | None]] = {}
         try:

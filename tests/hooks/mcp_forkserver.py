@@ -64,6 +64,7 @@ def serve(path: str) -> None:
         importlib.import_module(module)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # exited copies are reaped by the kernel
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped: exit as a process does
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -78,6 +79,7 @@ def serve(path: str) -> None:
             continue
         listener.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -110,8 +112,13 @@ def serve(path: str) -> None:
 
 
 def _exit_with_launcher(conn: socket.socket) -> None:
-    """A copy's launcher never writes again: its end closing means it is gone (killed)."""
+    """A copy's launcher never writes again: its end closing means it is gone (killed), and the
+    copy is stopped (SIGTERM: the proxy stops cleanly on it), or ended if it does not stop."""
+    import time
+
     conn.recv(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
     os._exit(1)
 
 
