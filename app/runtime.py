@@ -355,11 +355,16 @@ class Runtime:
             )
             return [(r[0], r[1]) for r in rows.all()]
 
-    async def observe_decisions(self, overlap: float = 5.0) -> None:
+    async def observe_decisions(self, overlap: float = 5.0, settle: float = 1.0) -> None:
         """Count and log the decisions other processes committed (the command line's, other
         replicas', their expiries): those committed since the last run, less ``overlap`` for
-        commit lag; this process's own were counted at their commit and are not counted twice."""
+        commit lag; this process's own were counted at their commit and are not counted twice.
+
+        A decision younger than ``settle`` seconds is left to the next run: it may be this
+        process's own, committed but not yet counted (its commit, synced on a worker thread,
+        is visible here before the task that made it has run its after-commit work)."""
         started = utcnow()
+        settled = started - timedelta(seconds=settle)
         since = (self.decisions_since or self.loaded_at) - timedelta(seconds=overlap)
         try:
             async with self.reads() as session:
@@ -370,7 +375,9 @@ class Runtime:
             return
         self.decisions_since = started
         for rid, status, created, decided, agent, tool, gate, gates, name, user in rows:
-            if decided is None or not metrics.observe_decision(rid, str(status), created, decided):
+            if decided is None or decided > settled:
+                continue
+            if not metrics.observe_decision(rid, str(status), created, decided):
                 continue
             activity.log.info(
                 "%s",
