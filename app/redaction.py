@@ -148,7 +148,9 @@ _BY_HEAD = {
 _HEADS = re.compile(_alternation(_BY_HEAD))
 _TOKEN_END = re.compile(r"[A-Za-z0-9_-]*")
 _SCHEME_WORDS = ("bearer", "basic", "token", "digest")
-_SCHEMED = re.compile(rf"(?<![A-Za-z0-9]){_SCHEME}\s+(?P<credential>{_CREDENTIAL})")
+# The scheme is a word of its own: not the end of a longer token (a password ``0.DIGEST`` is no
+# scheme, and the host after it no credential).
+_SCHEMED = re.compile(rf"(?<![A-Za-z0-9\-._~+/]){_SCHEME}\s+(?P<credential>{_CREDENTIAL})")
 _USERINFO = re.compile(r"://([^/\s:@]*):([^/\s@]+)(?=@)")
 # A ``key: value`` or ``key=value`` pair read backwards: the separator, then the key (two
 # words joined by a space, as in ``api key``, count as one key).

@@ -6,7 +6,7 @@ import string
 from typing import Any
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from signoff.app._secret_tokens import TOKENS
@@ -204,6 +204,7 @@ befores = st.sampled_from(["", "sudo ", "cd /srv && ", "env LANG=C ", "time "])
 users = st.sampled_from(["alice", "bob", "root", "deploy"])
 
 # Each credential form: the command (``{secret}`` where the secret goes) and the tool that runs.
+DOCKER_LOGIN = ("docker login -u {user} -p {secret} {host}", "docker login")
 COMMAND_FORMS = [
     ("curl -u {user}:{secret} https://{host}/v1/items", "curl"),
     ("curl -su {user}:{secret} https://{host}/v1/items", "curl"),
@@ -214,7 +215,7 @@ COMMAND_FORMS = [
     ("mariadb -u {user} -p'{secret}' -h {host} shop", "mariadb"),
     ("sshpass -p {secret} ssh {user}@{host} uptime", "sshpass"),
     ("sshpass -p{secret} ssh {user}@{host} uptime", "sshpass"),
-    ("docker login -u {user} -p {secret} {host}", "docker login"),
+    DOCKER_LOGIN,
     ("docker login -u {user} --password {secret} {host}", "docker login"),
     ("podman login --username {user} --password={secret} {host}", "podman login"),
     ("psql --password {secret} -h {host} -U {user}", "psql"),
@@ -235,6 +236,7 @@ COMMAND_FORMS = [
 
 
 @settings(max_examples=800, deadline=None)
+@example(DOCKER_LOGIN, "0.DIGEST", "alice", "api.example.com", "sh", "", " | ")  # not a scheme
 @given(
     st.sampled_from(COMMAND_FORMS),
     unnamed_passwords,

@@ -13,7 +13,7 @@ working directory; the copy runs the program's ``main()`` on them (``tests.hooks
 launcher exits with the copy's exit code; a signal sent to the launcher is passed on to the
 copy, and a copy whose launcher dies (killed) exits too.
 
-Under coverage the launcher runs the program itself instead (:data:`MEASURED`). Tests about a
+Under coverage the launcher runs the proxy itself instead (:data:`MEASURED`). Tests about a
 process as a process (its pid, a client killed, SIGTERM, start-up errors, the HTTP transport)
 start the real command; the server runs as ``python -m tests.hooks.mcp_forkserver --serve SOCKET``.
 """
@@ -34,15 +34,15 @@ PRELOADED = [*PROGRAMS.values(), "signoff.hooks.mcp_proxy._proxy", "signoff.hook
 
 
 MEASURED = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START")
-"""Set when coverage measures the processes a test starts: the launcher then runs the program
-itself (``python -m``), since what coverage records in a forked copy is not reliably saved."""
+"""Set when coverage measures the processes a test starts: the launcher then runs the proxy
+itself (``python -m``), since what coverage records in a forked copy is not reliably saved (the
+upstream is the tests' own code, which coverage does not measure: it is still forked)."""
 
 
 def launch(path: str, program: str, args: list[str]) -> int:
     """Start a copy of ``program`` with this process's stdio; its exit code."""
-    if any(os.environ.get(name) for name in MEASURED):
-        module = {"proxy": "signoff.hooks.mcp_proxy"}.get(program, PROGRAMS[program])
-        os.execv(sys.executable, [sys.executable, "-m", module, *args])
+    if program == "proxy" and any(os.environ.get(name) for name in MEASURED):
+        os.execv(sys.executable, [sys.executable, "-m", "signoff.hooks.mcp_proxy", *args])
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     socket.send_fds(conn, [b"\0"], [0, 1, 2])
