@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+import time_machine
 from playwright.async_api import async_playwright, expect
 from sqlmodel import col, select
 
@@ -82,7 +83,7 @@ def _config(smtp_port: int) -> dict[str, Any]:
                         quorum=2,
                         require_reject_reason=True,
                     ),
-                    gate("short", "quick_*", ["alice"], timeout="1s"),
+                    gate("short", "quick_*", ["alice"], timeout="1m"),
                     gate(
                         "nudged",
                         "ask_*",
@@ -415,11 +416,15 @@ async def test_a_link_works_only_for_its_recipient(
 
 
 async def test_an_expired_link_is_refused(
-    mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
+    mail_server: tuple[Server, httpx.AsyncClient],
+    smtp: LocalSmtp,
+    agent_key: str,
+    clock: time_machine.Traveller,
 ) -> None:
     server, http = mail_server
     rid = (await pre(http, agent_key, {"tool_name": "quick_fix", "arguments": {}}))["request_id"]
     path = links(await mail_to(smtp, ALICE, rid))["Approve"]
+    clock.shift(61)  # past the gate's minute (a mail is not sent for a request already expired)
 
     async def expired() -> bool:
         return bool((await state(http, agent_key, rid))["status"] == "expired")
@@ -528,11 +533,15 @@ async def test_a_reminder_mails_who_has_not_voted_and_an_escalation_mails_whom_i
 
 
 async def test_links_of_an_expired_or_cancelled_request_answer_410(
-    mail_server: tuple[Server, httpx.AsyncClient], smtp: LocalSmtp, agent_key: str
+    mail_server: tuple[Server, httpx.AsyncClient],
+    smtp: LocalSmtp,
+    agent_key: str,
+    clock: time_machine.Traveller,
 ) -> None:
     server, http = mail_server
     quick = (await pre(http, agent_key, {"tool_name": "quick_fix", "arguments": {}}))["request_id"]
     alice = links(await mail_to(smtp, ALICE, quick))
+    clock.shift(61)
     await until(lambda: _status_is(http, agent_key, quick, "expired"))
     late = await confirm(http, alice["Approve"])
     assert late.status_code == 410

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+import time_machine
 from sqlmodel import col, select
 
 from signoff.app.config import parse_config
@@ -68,7 +69,7 @@ def _config(server: str) -> dict[str, Any]:
                         quorum=2,
                         require_reject_reason=True,
                     ),
-                    gate("short", "quick_*", ["alice"], timeout="1s"),
+                    gate("short", "quick_*", ["alice"], timeout="1m"),
                     gate(
                         "nudged",
                         "ask_*",
@@ -286,11 +287,15 @@ async def test_a_reject_tap_rejects(
 
 
 async def test_expired_and_cancelled_requests_answer_410(
-    phone_server: tuple[Server, httpx.AsyncClient], ntfy: FakeNtfy, agent_key: str
+    phone_server: tuple[Server, httpx.AsyncClient],
+    ntfy: FakeNtfy,
+    agent_key: str,
+    clock: time_machine.Traveller,
 ) -> None:
     server, http = phone_server
     quick = await pre(http, agent_key, {"tool_name": "quick_fix", "arguments": {"n": 1}})
     [alice] = await notified(ntfy, ALICE, quick)
+    clock.shift(61)  # past the gate's minute (no push is sent for a request already expired)
     await until(lambda: _status(http, agent_key, quick, "expired"))
     for label in ("Approve", "Reject", "Approve"):
         late = await tap(http, alice, label)
