@@ -375,9 +375,11 @@ class Runtime:
             return
         self.decisions_since = started
         for rid, status, created, decided, agent, tool, gate, gates, name, user in rows:
-            if decided is None or decided > settled:
-                continue
-            if not metrics.observe_decision(rid, str(status), created, decided):
+            if (
+                decided is None
+                or decided > settled
+                or not metrics.observe_decision(rid, str(status), created, decided)
+            ):
                 continue
             activity.log.info(
                 "%s",
