@@ -13,7 +13,7 @@ import functools
 import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -189,14 +189,23 @@ def _no_events(*_: object) -> None:
     pass
 
 
+Answers = Callable[["AsyncSession", Sequence[str]], Awaitable[Mapping[str, Any]]]
+"""What the agents waiting in this process on requests just decided are answered, read in the
+deciding transaction (by request id; a request nobody here waits on may be left out)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Wakeups:
     """Whom a commit wakes in this process: the agents waiting on the requests it decided,
     and the outbox dispatcher when it queued deliveries. Sessions made without (the CLI's)
-    wake nobody here; other processes hear of decisions through the database."""
+    wake nobody here; other processes hear of decisions through the database.
 
-    decided: Callable[[Sequence[str]], None] = _nobody
+    ``decided(ids, answers)`` gets what :attr:`answers` read just before the commit: the
+    waiters are answered from the commit itself, without reading their requests again."""
+
+    decided: Callable[[Sequence[str], Mapping[str, Any]], None] = _nobody
     queued: Callable[[], None] = _nobody
+    answers: Answers | None = None
 
 
 class Session(sqlmodel.Session):
@@ -314,10 +323,19 @@ def subscribers(session: AsyncSession, event: str) -> Sequence[str]:
 
 def wake_after_commit(session: AsyncSession, *, decided: Sequence[str] = (), queued: bool = False) -> None:
     """Once ``session``'s transaction commits, wake this process's agents waiting on the
-    requests ``decided``, and the outbox dispatcher if deliveries were ``queued``."""
+    requests ``decided`` (with their answers, read just before the commit when the sessions'
+    :class:`Wakeups` say how), and the outbox dispatcher if deliveries were ``queued``."""
     wakeups = _sync(session).wakeups
     if decided:
-        on_commit(session, functools.partial(wakeups.decided, tuple(decided)))
+        ids, answers = tuple(decided), wakeups.answers
+        found: dict[str, Any] = {}
+        on_commit(session, functools.partial(wakeups.decided, ids, found))
+        if answers is not None:
+
+            async def answer() -> None:
+                found.update(await answers(session, ids))
+
+            before_commit(session, answer)
     if queued:
         on_commit(session, wakeups.queued)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -141,7 +141,7 @@ class Runtime:
     sessions: async_sessionmaker[AsyncSession]
     """Units of work (:func:`signoff.app.db.transaction`); their commits wake ``hub`` and
     ``outbox_wake``."""
-    hub: Hub
+    hub: Hub[RequestOut]
     """The agents waiting on requests."""
     outbox_wake: asyncio.Event
     """Set once deliveries are committed, to wake the outbox dispatcher."""
@@ -202,8 +202,14 @@ class Runtime:
         engine = create_engine(
             settings.database_url, sync=settings.sqlite_sync, pooling=settings.database_pooling
         )
-        hub, outbox_wake = Hub(), asyncio.Event()
+        hub: Hub[RequestOut] = Hub()
+        outbox_wake = asyncio.Event()
         runtime: Runtime | None = None
+
+        async def answers(session: AsyncSession, decided: Sequence[str]) -> dict[str, RequestOut]:
+            # What the agents waiting here on these requests are answered, as committed.
+            waited = hub.waited_on(decided)
+            return await request_outs_by_id(session, waited) if waited else {}
 
         def subscribers(event: str) -> tuple[str, ...]:
             # The configuration in force when the event is owed (reloads swap it).
@@ -211,7 +217,7 @@ class Runtime:
 
         sessions = sessionmaker(
             engine,
-            wakeups=Wakeups(decided=hub.notify, queued=outbox_wake.set),
+            wakeups=Wakeups(decided=hub.notify, queued=outbox_wake.set, answers=answers),
             webhooks=subscribers,
             events=webhooks.owe,
         )

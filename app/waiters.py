@@ -1,7 +1,8 @@
 """Wakes agents waiting on a request the moment its decision commits.
 
 In-process: a commit that decided requests calls :meth:`Hub.notify` (the runtime's
-sessions wake it, see :class:`signoff.app.db.Wakeups`).
+sessions wake it, see :class:`signoff.app.db.Wakeups`) with the waiters' answers, read in the
+deciding transaction: a waiter woken by its own server's commit answers without reading.
 Across processes: while anyone waits, one poller per process reads the ids
 decided recently (one query, however many waiters) and wakes their waiters.
 
@@ -106,18 +107,19 @@ class Draining(Exception):
     ``Retry-After`` instead of parking, so that its agent re-attaches elsewhere."""
 
 
-def _wake(woken: asyncio.Future[None]) -> None:
+def _wake(woken: asyncio.Future[V | None], answer: V | None = None) -> None:
     if not woken.done():
-        woken.set_result(None)
+        woken.set_result(answer)
 
 
-class Hub:
-    """The agents waiting on requests in this process, by request id."""
+class Hub(Generic[V]):
+    """The agents waiting on requests in this process, by request id; ``V``: what a waiter
+    woken by a commit of this process is answered."""
 
     def __init__(self) -> None:
         # A future per waiter, not an Event: thousands are parked at once, and an Event (its
         # deque, its own future once waited on) is several times the size.
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters: dict[str, set[asyncio.Future[V | None]]] = {}
         self.draining = False
         """Set by :meth:`drain`: waits no longer park."""
 
@@ -125,15 +127,23 @@ class Hub:
     def waiting(self) -> int:
         return sum(len(v) for v in self._waiters.values())
 
-    def notify(self, request_ids: Iterable[str]) -> None:
-        for rid in request_ids:
-            for woken in self._waiters.get(rid, ()):
-                _wake(woken)
+    def waited_on(self, request_ids: Iterable[str]) -> list[str]:
+        """Those of ``request_ids`` somebody waits on here."""
+        return [rid for rid in request_ids if rid in self._waiters]
 
-    def subscribe(self, request_id: str) -> asyncio.Future[None]:
-        """A future done when ``request_id`` is decided (or the server drains); await it, then
+    def notify(self, request_ids: Iterable[str], answers: Mapping[str, V] | None = None) -> None:
+        """Wake the waiters on ``request_ids``, each with its request's answer in ``answers``
+        if there is one (else None: the waiter reads its request)."""
+        for rid in request_ids:
+            answer = answers.get(rid) if answers else None
+            for woken in self._waiters.get(rid, ()):
+                _wake(woken, answer)
+
+    def subscribe(self, request_id: str) -> asyncio.Future[V | None]:
+        """A future done when ``request_id`` is decided (or the server drains): with the
+        request's answer when a commit of this process decided it, else None. Await it, then
         :meth:`unsubscribe`. A wait that gives up (its timeout cancels it) is never woken."""
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        woken: asyncio.Future[V | None] = asyncio.get_running_loop().create_future()
         if self.draining:
             woken.set_result(None)
         self._waiters.setdefault(request_id, set()).add(woken)
@@ -149,7 +159,7 @@ class Hub:
                 _wake(woken)
         return self.waiting
 
-    def unsubscribe(self, request_id: str, woken: asyncio.Future[None]) -> None:
+    def unsubscribe(self, request_id: str, woken: asyncio.Future[V | None]) -> None:
         bucket = self._waiters.get(request_id)
         if bucket is not None:
             bucket.discard(woken)
@@ -178,7 +188,7 @@ LISTEN hears what others send; never a request id."""
 
 async def listen_for_decisions(
     dsn: str,
-    hub: Hub,
+    hub: Hub[Any],
     channel: str,
     *,
     probe: Callable[[str], Awaitable[None]] | None = None,

@@ -85,7 +85,9 @@ class ClickService:
                     return _no_request(click)
                 voted = await self._apply(session, req, voter, click, refused)
         # The card is drawn once the vote has committed: the waiting agents answer first.
-        result, votes = voted
+        result = voted
+        async with self._reads() as session:
+            votes = await votes_for(session, result.request.id)
         card = build_card(
             result.request, votes, self._config, kind, channel=channel, public_url=self._public_url
         )
@@ -119,25 +121,22 @@ class ClickService:
 
     async def _apply(
         self, session: AsyncSession, req: ConfirmationRequest, voter: Voter, click: Click, why: str | None
-    ) -> tuple[VoteResult, list[Vote]]:
-        """The vote (or its refusal) on the locked ``req``, and the votes as this unit of work
-        leaves them."""
+    ) -> VoteResult:
+        """The vote (or its refusal) on the locked ``req``."""
         if why is not None:
-            result = await refuse_vote(
+            return await refuse_vote(
                 session, req, voter=voter, verdict=click.verdict, why=why, reason=click.reason
             )
-        else:
-            result = await apply_vote(
-                session,
-                req,
-                voter=voter,
-                verdict=click.verdict,
-                config=self._config,
-                reason=click.reason,
-                grant=click.grant,
-                arguments=click.arguments,
-            )
-        return result, await votes_for(session, req.id)
+        return await apply_vote(
+            session,
+            req,
+            voter=voter,
+            verdict=click.verdict,
+            config=self._config,
+            reason=click.reason,
+            grant=click.grant,
+            arguments=click.arguments,
+        )
 
     def _voter(self, channel: str, kind: str, click: Click) -> Voter:
         known = (self._config.person_for(kind, uid) for uid in identity_of(kind).clicker_ids(click))

@@ -37,13 +37,11 @@ __all__ = [
     "digest_of_call",
     "issue_decisions",
     "issue_execution",
-    "issued",
     "stored_digest",
 ]
 
 RECEIPT_VERSION = 1
 _REQUESTS: sa.Table = ConfirmationRequest.__table__  # type: ignore[attr-defined]
-_ISSUED = "signoff.receipts"
 
 
 def digest_of_call(
@@ -189,7 +187,7 @@ async def issue_decisions(
 ) -> dict[str, dict[str, Any]]:
     """Sign and store the decision receipt of each request in ``decided`` (just moved to
     ``verdict`` in this transaction); ``reason`` may differ per request (by id). The receipts,
-    by request id (also kept for :func:`issued`)."""
+    by request id."""
     if not decided:
         return {}
     ids = [d.request_id for d in decided]
@@ -213,14 +211,7 @@ async def issue_decisions(
         )
         receipts[d.request_id] = sign(payload, key)
     await session.exec(_SET_RECEIPT, params=[{"rid": rid, "new_receipt": r} for rid, r in receipts.items()])
-    session.info.setdefault(_ISSUED, {}).update(receipts)
     return receipts
-
-
-def issued(session: AsyncSession, request_id: str) -> dict[str, Any] | None:
-    """The receipt this transaction signed for request ``request_id``, if it signed one."""
-    found: dict[str, dict[str, Any]] = session.info.get(_ISSUED, {})
-    return found.get(request_id)
 
 
 def _result_digest(result: Any) -> str | None:

@@ -39,7 +39,7 @@ from signoff.app.models import (
 from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.edits import approved_changes
 from signoff.app.requests.eligibility import asked, gates_of
-from signoff.app.requests.receipts import Decided, issue_decisions, issued
+from signoff.app.requests.receipts import Decided, issue_decisions
 from signoff.channels import duration_text
 from signoff.hooks import Decision, HookResult, describe_request
 
@@ -56,6 +56,7 @@ __all__ = [
     "expire_overdue",
     "expiry_reason",
     "get_request",
+    "held",
     "owed_delivery",
     "queue_deliveries",
     "queue_updates",
@@ -271,8 +272,13 @@ async def transition(
         who=actor.name or actor.id,
     )
     decided = _decided(row[5:], gate=row[3], gates=row[4], agent=row[1], tool=row[2])
-    await issue_decisions(
+    receipts = await issue_decisions(
         session, [decided], target.value, actor=actor, reason=reason, decided_at=now, changes=changes
+    )
+    _keep_loaded(
+        session,
+        request_id,
+        {"status": target.value, **decided_columns(actor, reason, now), "receipt": receipts[request_id]},
     )
     await queue_updates(session, request_id)
     await _mark_decided(session, [request_id], now, notified=postgres)
@@ -365,9 +371,12 @@ async def expire_overdue(
         # These rows are this transaction's now (expired by it): each gets its own words.
         await session.exec(_SET_REASON, params=[{"rid": rid, "new_reason": reasons[rid]} for rid in expired])
         decided = [_decided(r[9:], gate=r[3], gates=r[4], agent=r[6], tool=r[7]) for r in rows]
-        await issue_decisions(
+        receipts = await issue_decisions(
             session, decided, Status.EXPIRED.value, actor=EXPIRY, reason=reasons, decided_at=now
         )
+        for rid in expired:
+            written = decided_columns(EXPIRY, reasons[rid], now)
+            _keep_loaded(session, rid, {"status": Status.EXPIRED.value, **written, "receipt": receipts[rid]})
     for rid in expired:
         await audit.append(
             session, audit.Action.EXPIRED, actor=EXPIRY, request_id=rid, detail={"reason": reasons[rid]}
@@ -379,9 +388,8 @@ async def expire_overdue(
 
 async def expire(session: AsyncSession, req: ConfirmationRequest, *, now: datetime) -> None:
     """Expire the (locked) ``req``, past its deadline, and bring it up to date."""
-    reason = expiry_reason(req)
-    won = await transition(session, req.id, Status.EXPIRED, actor=EXPIRY, reason=reason, now=now)
-    await settle(session, req, won, Status.EXPIRED, EXPIRY, reason, now)
+    won = await transition(session, req.id, Status.EXPIRED, actor=EXPIRY, reason=expiry_reason(req), now=now)
+    await settle(session, req, won)
 
 
 def decision_for(req: ConfirmationRequest) -> HookResult:
@@ -411,19 +419,25 @@ def decision_for(req: ConfirmationRequest) -> HookResult:
     return HookResult.deny(text, request_id=req.id)
 
 
-async def settle(
-    session: AsyncSession,
-    req: ConfirmationRequest,
-    won: bool,
-    target: Status,
-    actor: Actor,
-    reason: str | None,
-    now: datetime,
-) -> None:
-    """Bring the (locked) ``req`` up to date after a transition without reading it again."""
+async def settle(session: AsyncSession, req: ConfirmationRequest, won: bool) -> None:
+    """Bring the (locked) ``req`` up to date after a transition: the transition wrote what it
+    won into it; one another writer won is read again."""
     if not won:
         await session.refresh(req)
-        return
-    for name, value in {"status": target.value, **decided_columns(actor, reason, now)}.items():
-        set_committed_value(req, name, value)
-    set_committed_value(req, "receipt", issued(session, req.id))
+
+
+def held(session: AsyncSession, request_id: str) -> ConfirmationRequest | None:
+    """The session's copy of request ``request_id``, if it holds one: as this transaction
+    wrote it (every write of the state machine keeps it so), never to be read again."""
+    sync = session.sync_session
+    found = sync.identity_map.get(sync.identity_key(ConfirmationRequest, request_id))
+    return found if isinstance(found, ConfirmationRequest) else None
+
+
+def _keep_loaded(session: AsyncSession, request_id: str, written: Mapping[str, Any]) -> None:
+    """Keep the session's copy of request ``request_id`` (:func:`held`) as this transaction
+    wrote it (``written``)."""
+    loaded = held(session, request_id)
+    if loaded is not None:
+        for name, value in written.items():
+            set_committed_value(loaded, name, value)

@@ -237,7 +237,7 @@ async def apply_vote(
         won = await transition(
             session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now, along=voted
         )
-        await settle(session, req, won, Status.REJECTED, decided_by, reason, now)
+        await settle(session, req, won)
         return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
 
     quorums = [g.quorum for g in gates]
@@ -257,7 +257,7 @@ async def apply_vote(
             along=voted,
             changes=changes,
         )
-        await settle(session, req, won, Status.APPROVED, decided_by, reason, now)
+        await settle(session, req, won)
         if won and changes:
             await edits.record_approved(session, req, changes)
         given = await grants.create_for_approval(session, req, actor=decided_by, now=now) if won else []

@@ -12,6 +12,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import queries, switches
 from signoff.app.audit import Actor
 from signoff.app.bodies import storable
+from signoff.app.db import transaction
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
 from signoff.app.models import Status, utcnow
 from signoff.app.operators import GrantNamed, decide
@@ -77,7 +78,7 @@ async def read_request(request_id: str, session: ReadsDep) -> AdminRequestOut:
     responses={**ERRORS, 409: {"model": Problem}, 410: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_request(
-    request_id: str, body: DecisionIn, runtime: RuntimeDep, session: SessionDep
+    request_id: str, body: DecisionIn, runtime: RuntimeDep
 ) -> AdminRequestOut | JSONResponse:
     """Approve or reject as a named operator (a vote like any other; 409 if refused).
 
@@ -94,17 +95,18 @@ async def decide_request(
     if body.grant is not None:
         seconds = int(body.grant.for_.total_seconds())
         grant = GrantNamed(body.grant.scope, seconds, body.grant.same)
-    result = await decide(
-        session,
-        request_id,
-        verdict=body.verdict,
-        operator=body.operator,
-        config=runtime.config,
-        reason=body.reason,
-        grant=grant,
-        arguments=body.arguments,
-        via="api",
-    )
+    async with transaction(runtime.sessions) as session:
+        result = await decide(
+            session,
+            request_id,
+            verdict=body.verdict,
+            operator=body.operator,
+            config=runtime.config,
+            reason=body.reason,
+            grant=grant,
+            arguments=body.arguments,
+            via="api",
+        )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
     if not result.answer.ok:
@@ -112,8 +114,10 @@ async def decide_request(
         # names the final state and who made it; 410: the request expired or was cancelled.
         code = status.HTTP_422_UNPROCESSABLE_CONTENT if result.unprocessable else result.answer.status_code
         return JSONResponse({"detail": result.message, "status": result.request.status}, code)
-    # The trail as this unit of work leaves it, which commits before the answer is sent.
-    return await queries.admin_view_of(session, result.request)
+    # Read once the decision has committed (the waiting agents answer first): the trail
+    # with it.
+    async with runtime.reads() as reads:
+        return await queries.admin_view_of(reads, result.request)
 
 
 @router.get("/grants", response_model=list[GrantOut], responses=ERRORS)

@@ -496,11 +496,15 @@ async def wait_for(runtime: Runtime, agent: str, request_id: str, timeout: float
         if current.status in TERMINAL or timeout == 0:
             return current
         del current  # a parked waiter holds no copy of its request
+        answer = None
         try:
             async with asyncio.timeout(timeout):  # no extra task: woken in one loop turn
-                await woken
+                answer = await woken
         except TimeoutError:
             pass
+        # Woken by a commit of this server: answered as it committed, without reading again.
+        if answer is not None and answer.agent_id == agent:
+            return answer
         current = await _own(runtime, agent, request_id)
         if runtime.hub.draining and current.status not in TERMINAL:
             raise Draining(request_id)  # 503 with Retry-After: re-attach to another server
@@ -526,5 +530,4 @@ async def cancel_request(
     ):
         await session.refresh(req)
         raise HTTPException(status.HTTP_409_CONFLICT, f"request {request_id} is already {req.status}")
-    await session.refresh(req)
     return RequestOut.of(req, await votes_for(session, request_id))

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from signoff.app import queries
 from signoff.app.console import auth
-from signoff.app.deps import Credentials, RuntimeDep, SessionDep
+from signoff.app.db import transaction
+from signoff.app.deps import Credentials, RuntimeDep
 from signoff.app.operators import decide
 from signoff.app.requests.eligibility import Voter
 from signoff.app.routers import StrictJSONRoute
@@ -64,21 +65,24 @@ TokenVoterDep = Annotated[Voter, Depends(token_voter)]
     responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_as_token_holder(
-    request_id: str, body: PersonalDecisionIn, voter: TokenVoterDep, runtime: RuntimeDep, session: SessionDep
+    request_id: str, body: PersonalDecisionIn, voter: TokenVoterDep, runtime: RuntimeDep
 ) -> RequestOut | JSONResponse:
     """Approve or reject as the token's person (a vote like any other; 409 if refused)."""
-    result = await decide(
-        session,
-        request_id,
-        verdict=body.verdict,
-        operator=voter.key,
-        config=runtime.config,
-        reason=body.reason,
-        voter=voter,
-    )
+    async with transaction(runtime.sessions) as session:
+        result = await decide(
+            session,
+            request_id,
+            verdict=body.verdict,
+            operator=voter.key,
+            config=runtime.config,
+            reason=body.reason,
+            voter=voter,
+        )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
     if not result.accepted:
         return JSONResponse({"detail": result.message}, status.HTTP_409_CONFLICT)
-    (shown,) = await queries.request_outs(session, [result.request])
+    # Read once the decision has committed: the waiting agents answer first.
+    async with runtime.reads() as reads:
+        (shown,) = await queries.request_outs(reads, [result.request])
     return shown

@@ -614,7 +614,8 @@ async def test_a_decision_is_one_unit_of_work_that_reads_its_request_once(
     http: httpx.AsyncClient, runtime: Runtime, agent_key: str, admin: Admin
 ) -> None:
     """The operator API's decision, the agent waiting on it released, and the trail it answers
-    with: one transaction, one read of the request (under lock)."""
+    with: one transaction, one read of the request (under lock); the trail is read once it has
+    committed, and the waiting agent is answered from the commit, without a read of its own."""
     rid = await ask(http, agent_key)
     waiter = asyncio.create_task(
         http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=auth(agent_key))
@@ -627,7 +628,10 @@ async def test_a_decision_is_one_unit_of_work_that_reads_its_request_once(
         assert (await asyncio.wait_for(waiter, 10)).json()["status"] == "approved"
         [task] = tally.tasks_writing("vote")
         await asyncio.wait({task}, timeout=10)
-    [unit] = tally.by_task[task]
+    unit, answer = tally.by_task[task]
     assert unit.reads_of("confirmation_request") == 1
     assert unit.writes_to("confirmation_request")
+    assert answer.reads_of("confirmation_request") == 0
+    assert not any(answer.writes_to(t) for t in ("confirmation_request", "vote", "audit_event"))
+    assert list(tally.by_task) == [task]  # nobody else asked the database anything
     assert [e["action"] for e in r.json()["audit"]] == ["created", "vote", "approved"]

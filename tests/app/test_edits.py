@@ -5,6 +5,7 @@ values, and every change the gates do not allow is a 422 that changes nothing.""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -17,6 +18,7 @@ from signoff.app.metrics import REGISTRY
 from signoff.app.models import AuditEvent, ConfirmationRequest, Vote
 from signoff.app.runtime import Runtime
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG
+from tests.waiting import eventually
 
 PRE = "/v1/hooks/pre-tool-use"
 POST = "/v1/hooks/post-tool-use"
@@ -183,6 +185,35 @@ async def test_an_approval_with_changes_runs_the_changed_call(
     approved = await row(runtime, rid)
     assert approved.approved_arguments is not None
     assert approved.approved_arguments["amount"] == 40000
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"arguments": {"amount": 40000, "memo": "smaller"}},
+        {"grant": {"scope": "session", "for": "1h"}},
+        {},
+        {"verdict": "reject", "reason": "not this month"},
+    ],
+    ids=["changes", "grant", "once", "reject"],
+)
+async def test_a_waiting_agent_is_answered_from_the_commit_as_a_read_after_it_shows_the_request(
+    http: httpx.AsyncClient, agent_key: str, runtime: Runtime, body: dict[str, Any]
+) -> None:
+    """The agent parked on the request is answered with what the deciding transaction read just
+    before it committed (not read again): the same request, changes and grant as any read after."""
+    rid = (await ask(http, agent_key))["request_id"]
+    waiter = asyncio.create_task(
+        http.get(f"/v1/requests/{rid}/wait", params={"timeout": 30}, headers=agent(agent_key))
+    )
+    await eventually(lambda: runtime.hub.waiting)
+    assert (await decide(http, rid, **body)).status_code == 200
+    waited = (await asyncio.wait_for(waiter, 10)).json()
+    assert waited["status"] == body.get("verdict", "approve").replace("approve", "approved").replace(
+        "reject", "rejected"
+    )
+    assert waited["receipt"] is not None
+    assert waited == (await http.get(f"/v1/requests/{rid}", headers=agent(agent_key))).json()
 
 
 async def test_an_edit_that_changes_nothing_is_an_approval_as_asked(

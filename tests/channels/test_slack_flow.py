@@ -440,9 +440,10 @@ async def test_a_signed_click_is_one_unit_of_work_that_reads_its_request_once(
     fake_slack: FakeSlack, slack_server: tuple[Server, httpx.AsyncClient], agent_key: str
 ) -> None:
     """Signed callback → vote → transition → the waiting agent released: one transaction,
-    one read of the request (under lock), on every engine the server has. The clicker's name
-    and email from ``users.info`` are written after the reply, in a unit of work of their own
-    that reads no request."""
+    one read of the request (under lock), on every engine the server has. The votes the card
+    in the reply shows are read once the decision has committed (the waiting agent answers
+    first). The clicker's name and email from ``users.info`` are written after the reply, in a
+    unit of work of their own that reads no request."""
     server, http = slack_server
     agent = {"Authorization": f"Bearer {agent_key}"}
     fake_slack.users["W0ALICE"] = slack_user("W0ALICE", "alice@example.com")
@@ -458,10 +459,12 @@ async def test_a_signed_click_is_one_unit_of_work_that_reads_its_request_once(
         [task] = tally.tasks_writing("vote")  # the callback's own task, its after-reply work too
         await asyncio.wait({task}, timeout=10)
     assert task.done()
-    click_unit, *after = tally.by_task[task]
+    click_unit, card, *after = tally.by_task[task]
     assert click_unit.reads_of("confirmation_request") == 1
     assert click_unit.writes_to("vote")
     assert click_unit.writes_to("confirmation_request")
+    assert (card.reads_of("vote"), card.reads_of("confirmation_request")) == (1, 0)
+    assert not any(card.writes_to(t) for t in ("confirmation_request", "vote", "audit_event"))
     # What users.info said about the clicker, onto their votes: no request read, no decision.
     assert [(u.reads_of("confirmation_request"), u.writes_to("confirmation_request")) for u in after] == [
         (0, False)
