@@ -38,8 +38,12 @@ class Unit:
         )
 
     def writes_to(self, table: str) -> bool:
+        return self.writes_of(table) > 0
+
+    def writes_of(self, table: str) -> int:
+        """INSERTs into and UPDATEs of ``table``."""
         pattern = re.compile(rf"^\s*(INSERT INTO|UPDATE)\s+\"?{table}\"?\b", re.IGNORECASE)
-        return any(pattern.search(s) for s in self.statements)
+        return sum(1 for s in self.statements if pattern.search(s))
 
 
 @dataclass

@@ -35,8 +35,8 @@ __all__ = [
     "RECEIPT_VERSION",
     "Decided",
     "digest_of_call",
-    "issue_decisions",
     "issue_execution",
+    "sign_decisions",
     "stored_digest",
 ]
 
@@ -168,14 +168,9 @@ def decision_payload(
 _VOTES_OF = (
     select(Vote).where(col(Vote.request_id).in_(sa.bindparam("ids", expanding=True))).order_by(col(Vote.id))
 )
-_SET_RECEIPT = (
-    sa.update(_REQUESTS)
-    .where(_REQUESTS.c.id == sa.bindparam("rid"))
-    .values(receipt=sa.bindparam("new_receipt"))
-)
 
 
-async def issue_decisions(
+async def sign_decisions(
     session: AsyncSession,
     decided: Sequence[Decided],
     verdict: str,
@@ -185,9 +180,9 @@ async def issue_decisions(
     decided_at: datetime,
     changes: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Sign and store the decision receipt of each request in ``decided`` (just moved to
-    ``verdict`` in this transaction); ``reason`` may differ per request (by id). The receipts,
-    by request id."""
+    """The signed decision receipt of each request in ``decided`` (being moved to ``verdict``
+    in this transaction, which stores them with it), by request id; ``reason`` may differ per
+    request (by id)."""
     if not decided:
         return {}
     ids = [d.request_id for d in decided]
@@ -210,7 +205,6 @@ async def issue_decisions(
             issued_at=issued_at,
         )
         receipts[d.request_id] = sign(payload, key)
-    await session.exec(_SET_RECEIPT, params=[{"rid": rid, "new_receipt": r} for rid, r in receipts.items()])
     return receipts
 
 

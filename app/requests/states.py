@@ -39,7 +39,7 @@ from signoff.app.models import (
 from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.edits import approved_changes
 from signoff.app.requests.eligibility import asked, gates_of
-from signoff.app.requests.receipts import Decided, issue_decisions
+from signoff.app.requests.receipts import Decided, sign_decisions
 from signoff.channels import duration_text
 from signoff.hooks import Decision, HookResult, describe_request
 
@@ -60,7 +60,6 @@ __all__ = [
     "owed_delivery",
     "queue_deliveries",
     "queue_updates",
-    "settle",
     "transition",
 ]
 
@@ -191,25 +190,34 @@ async def queue_updates(session: AsyncSession, request_id: str) -> None:
     )
 
 
-def _receipt_columns(r: Any) -> tuple[Any, ...]:
-    """What a transition returns besides, for the decision receipt (see :func:`_decided`)."""
-    return (r.id, r.session_id, r.arguments, r.call_digest, r.action_digest, r.config_version, r.channel)
+_RECEIPT_COLUMNS = (
+    "id",
+    "agent_id",
+    "tool_name",
+    "session_id",
+    "arguments",
+    "call_digest",
+    "action_digest",
+    "config_version",
+    "channel",
+    "gate",
+    "gates",
+)
+"""What a decision receipt says of its request: columns fixed when the request was made."""
 
 
-def _decided(row: Sequence[Any], *, gate: Any, gates: Any, agent: str, tool: str) -> Decided:
-    """The receipt's view of a row a transition returned: :func:`_receipt_columns` from ``row[0]``."""
-    rid, session_id, arguments, digest, action, version, channel = row[:7]
-    shape = {"gate": gate, "gates": gates, "config_version": version, "channel": channel}
-    snapshots = gates_of(from_row(ConfirmationRequest, shape))
+def _decided(req: ConfirmationRequest) -> Decided:
+    """The receipt's view of ``req`` (:data:`_RECEIPT_COLUMNS` are all it reads)."""
+    snapshots = gates_of(req)
     return Decided(
-        request_id=str(rid),
-        agent=agent,
-        tool=tool,
-        session=session_id,
-        arguments=arguments or {},
-        call_digest=digest,
-        action_digest=action,
-        policy_version=snapshots[0].config_version if snapshots else version,
+        request_id=req.id,
+        agent=req.agent_id,
+        tool=req.tool_name,
+        session=req.session_id,
+        arguments=req.arguments or {},
+        call_digest=req.call_digest,
+        action_digest=req.action_digest,
+        policy_version=snapshots[0].config_version if snapshots else req.config_version,
         gates=snapshots,
     )
 
@@ -222,11 +230,12 @@ def _transition_statement(target: Status, *, notify: bool) -> sa.Update:
     fewer, still only at commit and only for a row it changed.
     """
     r = _REQUESTS.c
+    written: dict[str, Any] = {c: sa.bindparam(f"new_{c}") for c in (*DECIDED_COLUMNS, "receipt")}
     stmt = (
         sa.update(_REQUESTS)
         .where(r.id == sa.bindparam("request_id"), r.status.in_(_sources(target)))
-        .values(status=target.value, **{c: sa.bindparam(f"new_{c}") for c in DECIDED_COLUMNS})
-        .returning(r.created_at, r.agent_id, r.tool_name, r.gate, r.gates, *_receipt_columns(r))
+        .values(status=target.value, **written)
+        .returning(r.id)
     )
     return stmt.returning(sa.func.pg_notify(NOTIFY_CHANNEL, r.id)) if notify else stmt
 
@@ -242,8 +251,10 @@ async def transition(
     along: Sequence[audit.Entry] = (),
     changes: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Move a request to ``target`` if the table allows it from its current status, and sign
-    its decision receipt (every status ``target`` may be is terminal).
+    """Move request ``request_id`` to ``target`` if the table allows it from its current status,
+    with its signed decision receipt (every status ``target`` may be is terminal), in one
+    statement. The request is read under lock here unless this transaction holds it already
+    (read under lock: :func:`get_request` with ``for_update``), and is kept as written.
 
     Returns False when another writer got there first (the request is no longer
     in a status that allows ``target``); nothing is written then but the audit
@@ -252,33 +263,34 @@ async def transition(
     fields changed (the receipt names the call as approved).
     """
     now = now or utcnow()
-    postgres = _on_postgres(session)
-    params = {f"new_{c}": v for c, v in decided_columns(actor, reason, now).items()}
-    params["request_id"] = request_id
-    stmt = _transition_statement(target, notify=postgres)
-    row = (await session.exec(stmt, params=params)).first()
-    if row is None:
+    req = held(session, request_id) or await get_request(session, request_id, for_update=True)
+    if req is None or target not in ALLOWED_TRANSITIONS[Status(req.status)]:
         await audit.append_many(session, along)
         return False
+    receipts = await sign_decisions(
+        session, [_decided(req)], target.value, actor=actor, reason=reason, decided_at=now, changes=changes
+    )
+    written = {**decided_columns(actor, reason, now), "receipt": receipts[request_id]}
+    postgres = _on_postgres(session)
+    stmt = _transition_statement(target, notify=postgres)
+    params = {"request_id": request_id, **{f"new_{c}": v for c, v in written.items()}}
+    if (await session.exec(stmt, params=params)).first() is None:
+        # Read under lock as pending, so only a writer outside the state machine could have.
+        await session.refresh(req)
+        await audit.append_many(session, along)
+        return False
+    for name, value in {"status": target.value, **written}.items():
+        set_committed_value(req, name, value)
     _observe(
         session,
         request_id,
         target,
         now,
-        row[0],
-        agent=row[1],
-        tool=row[2],
-        gate=gate_names(row[3], row[4]),
+        req.created_at,
+        agent=req.agent_id,
+        tool=req.tool_name,
+        gate=gate_names(req.gate, req.gates),
         who=actor.name or actor.id,
-    )
-    decided = _decided(row[5:], gate=row[3], gates=row[4], agent=row[1], tool=row[2])
-    receipts = await issue_decisions(
-        session, [decided], target.value, actor=actor, reason=reason, decided_at=now, changes=changes
-    )
-    _keep_loaded(
-        session,
-        request_id,
-        {"status": target.value, **decided_columns(actor, reason, now), "receipt": receipts[request_id]},
     )
     await queue_updates(session, request_id)
     await _mark_decided(session, [request_id], now, notified=postgres)
@@ -303,8 +315,10 @@ def expiry_reason(req: ConfirmationRequest) -> str:
 _SET_REASON = (
     sa.update(_REQUESTS)
     .where(_REQUESTS.c.id == sa.bindparam("rid"))
-    .values(reason=sa.bindparam("new_reason"))
+    .values(reason=sa.bindparam("new_reason"), receipt=sa.bindparam("new_receipt"))
 )
+_EXPIRED_COLUMNS = (*_RECEIPT_COLUMNS, "created_at", "expires_at")
+"""What the sweep's UPDATE returns of each request it expires: for its reason and receipt."""
 
 
 async def expire_overdue(
@@ -320,7 +334,6 @@ async def expire_overdue(
         # Replicas sweeping at once skip each other's rows instead of deadlocking.
         .with_for_update(skip_locked=True)
     )
-    c = ConfirmationRequest
     rows = (
         await session.exec(
             sa.update(ConfirmationRequest)
@@ -329,50 +342,44 @@ async def expire_overdue(
                 col(ConfirmationRequest.status).in_(_sources(Status.EXPIRED)),
             )
             .values(status=Status.EXPIRED.value, **decided_columns(EXPIRY, EXPIRED_REASON, now))
-            .returning(
-                col(c.id),
-                col(c.created_at),
-                col(c.expires_at),
-                col(c.gate),
-                col(c.gates),
-                col(c.channel),
-                col(c.agent_id),
-                col(c.tool_name),
-                col(c.config_version),
-                *_receipt_columns(_REQUESTS.c),
-            )
+            .returning(*(_REQUESTS.c[name] for name in _EXPIRED_COLUMNS))
             .execution_options(synchronize_session=False)
         )
     ).all()
+    requests = {
+        str(r[0]): from_row(ConfirmationRequest, dict(zip(_EXPIRED_COLUMNS, r, strict=True))) for r in rows
+    }
     reasons: dict[str, str] = {}
-    for r in rows:
+    for rid, req in requests.items():
         _observe(
             session,
-            str(r[0]),
+            rid,
             Status.EXPIRED,
             now,
-            r[1],
-            agent=r[6],
-            tool=r[7],
-            gate=gate_names(r[3], r[4]),
+            req.created_at,
+            agent=req.agent_id,
+            tool=req.tool_name,
+            gate=gate_names(req.gate, req.gates),
             who=EXPIRY.id,
         )
-        shape = {
-            "created_at": r[1],
-            "expires_at": r[2],
-            "gate": r[3],
-            "gates": r[4],
-            "channel": r[5],
-            "config_version": r[8],
-        }
-        reasons[str(r[0])] = expiry_reason(from_row(ConfirmationRequest, shape))
+        reasons[rid] = expiry_reason(req)
     expired = sorted(reasons)
     if expired:
-        # These rows are this transaction's now (expired by it): each gets its own words.
-        await session.exec(_SET_REASON, params=[{"rid": rid, "new_reason": reasons[rid]} for rid in expired])
-        decided = [_decided(r[9:], gate=r[3], gates=r[4], agent=r[6], tool=r[7]) for r in rows]
-        receipts = await issue_decisions(
-            session, decided, Status.EXPIRED.value, actor=EXPIRY, reason=reasons, decided_at=now
+        # These rows are this transaction's now (expired by it): each gets its own words and
+        # receipt.
+        receipts = await sign_decisions(
+            session,
+            [_decided(requests[rid]) for rid in expired],
+            Status.EXPIRED.value,
+            actor=EXPIRY,
+            reason=reasons,
+            decided_at=now,
+        )
+        await session.exec(
+            _SET_REASON,
+            params=[
+                {"rid": rid, "new_reason": reasons[rid], "new_receipt": receipts[rid]} for rid in expired
+            ],
         )
         for rid in expired:
             written = decided_columns(EXPIRY, reasons[rid], now)
@@ -387,9 +394,8 @@ async def expire_overdue(
 
 
 async def expire(session: AsyncSession, req: ConfirmationRequest, *, now: datetime) -> None:
-    """Expire the (locked) ``req``, past its deadline, and bring it up to date."""
-    won = await transition(session, req.id, Status.EXPIRED, actor=EXPIRY, reason=expiry_reason(req), now=now)
-    await settle(session, req, won)
+    """Expire the (locked) ``req``, past its deadline (:func:`transition` brings it up to date)."""
+    await transition(session, req.id, Status.EXPIRED, actor=EXPIRY, reason=expiry_reason(req), now=now)
 
 
 def decision_for(req: ConfirmationRequest) -> HookResult:
@@ -417,13 +423,6 @@ def decision_for(req: ConfirmationRequest) -> HookResult:
     if req.status == Status.APPROVED:
         return HookResult(decision=Decision.ALLOW, reason=text, request_id=req.id)
     return HookResult.deny(text, request_id=req.id)
-
-
-async def settle(session: AsyncSession, req: ConfirmationRequest, won: bool) -> None:
-    """Bring the (locked) ``req`` up to date after a transition: the transition wrote what it
-    won into it; one another writer won is read again."""
-    if not won:
-        await session.refresh(req)
 
 
 def held(session: AsyncSession, request_id: str) -> ConfirmationRequest | None:

@@ -23,7 +23,7 @@ from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.requests import edits, grants
 from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
-from signoff.app.requests.states import expire, get_request, queue_updates, settle, transition
+from signoff.app.requests.states import expire, get_request, queue_updates, transition
 from signoff.channels import ClickAnswer, GrantChoice, Verdict, changes_text, edit_problem
 
 __all__ = [
@@ -234,10 +234,9 @@ async def apply_vote(
 
     decided_by = voter.actor
     if verdict is Verdict.REJECT:
-        won = await transition(
+        await transition(
             session, request_id, Status.REJECTED, actor=decided_by, reason=reason, now=now, along=voted
         )
-        await settle(session, req, won)
         return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
 
     quorums = [g.quorum for g in gates]
@@ -257,7 +256,6 @@ async def apply_vote(
             along=voted,
             changes=changes,
         )
-        await settle(session, req, won)
         if won and changes:
             await edits.record_approved(session, req, changes)
         given = await grants.create_for_approval(session, req, actor=decided_by, now=now) if won else []

@@ -522,12 +522,11 @@ async def cancel_request(
     """Withdraw a pending request (the agent no longer needs the call)."""
     if not _plausible_id(request_id):
         raise _no_such_request(agent, request_id)
-    req: ConfirmationRequest | None = await get_request(session, request_id)
+    req: ConfirmationRequest | None = await get_request(session, request_id, for_update=True)
     if req is None or req.agent_id != agent:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r} for agent {agent!r}")
     if not await transition(
         session, request_id, Status.CANCELLED, actor=Actor("agent", agent), reason="cancelled by the agent"
     ):
-        await session.refresh(req)
         raise HTTPException(status.HTTP_409_CONFLICT, f"request {request_id} is already {req.status}")
     return RequestOut.of(req, await votes_for(session, request_id))

@@ -614,7 +614,8 @@ async def test_a_decision_is_one_unit_of_work_that_reads_its_request_once(
     http: httpx.AsyncClient, runtime: Runtime, agent_key: str, admin: Admin
 ) -> None:
     """The operator API's decision, the agent waiting on it released, and the trail it answers
-    with: one transaction, one read of the request (under lock); the trail is read once it has
+    with: one transaction, one read of the request (under lock) and one write of it (its
+    status and its signed receipt together); the trail is read once it has
     committed, and the waiting agent is answered from the commit, without a read of its own."""
     rid = await ask(http, agent_key)
     waiter = asyncio.create_task(
@@ -630,7 +631,7 @@ async def test_a_decision_is_one_unit_of_work_that_reads_its_request_once(
         await asyncio.wait({task}, timeout=10)
     unit, answer = tally.by_task[task]
     assert unit.reads_of("confirmation_request") == 1
-    assert unit.writes_to("confirmation_request")
+    assert unit.writes_of("confirmation_request") == 1  # the decision and its receipt, together
     assert answer.reads_of("confirmation_request") == 0
     assert not any(answer.writes_to(t) for t in ("confirmation_request", "vote", "audit_event"))
     assert list(tally.by_task) == [task]  # nobody else asked the database anything
