@@ -22,7 +22,8 @@ from signoff.app.models import Status
 from signoff.app.requests.cards import build_card
 from signoff.app.requests.eligibility import Voter, gates_of
 from signoff.app.requests.states import get_request
-from signoff.app.requests.votes import describe_decided, votes_for
+from signoff.app.requests.tally import votes_for
+from signoff.app.requests.votes import describe_decided
 from signoff.app.runtime import Runtime
 from signoff.channels import MAX_REASON_CHARS, CallbackRejected, Card, Click, ClickAnswer, Verdict
 from signoff.channels.email import LinkToken

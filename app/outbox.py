@@ -50,7 +50,7 @@ from signoff.app.models import (
 from signoff.app.requests.cards import build_card, escalated_to, waiting_on
 from signoff.app.requests.eligibility import gates_of
 from signoff.app.requests.states import get_request, transition
-from signoff.app.requests.votes import votes_for
+from signoff.app.requests.tally import votes_for
 from signoff.channels import Channel, DeliveryError, PermanentDeliveryError, RetryableDeliveryError
 
 __all__ = ["Dispatcher", "backoff"]

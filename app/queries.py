@@ -18,12 +18,12 @@ from sqlmodel.sql.expression import SelectOfScalar
 from signoff.app.audit import verify_chain
 from signoff.app.config import SignoffConfig
 from signoff.app.deliveries import WEBHOOK
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, OutboxStatus, Status, Vote
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, OutboxStatus, Status
 from signoff.app.redaction import redact
 from signoff.app.requests.eligibility import gates_of
 from signoff.app.requests.grants import grants_by_request
 from signoff.app.requests.states import get_request, held
-from signoff.app.requests.votes import votes_for
+from signoff.app.requests.tally import votes_for, votes_of_requests
 from signoff.app.schemas import AdminRequestOut, AuditEventOut, AuditVerifyOut, RequestOut
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "request_outs",
     "request_trail",
     "verify_audit",
-    "votes_by_request",
 ]
 
 
@@ -88,7 +87,7 @@ async def request_out(session: AsyncSession, req: ConfirmationRequest) -> Reques
 async def request_outs(session: AsyncSession, reqs: Sequence[ConfirmationRequest]) -> list[RequestOut]:
     """The requests as the API shows them, with their votes and grants (a query each),
     unreadable rows left out."""
-    votes = await votes_by_request(session, (r.id for r in reqs))
+    votes = await votes_of_requests(session, (r.id for r in reqs))
     grants = await _grants_of(session, reqs)
     return readable(reqs, lambda r: RequestOut.of(r, votes[r.id], grants.get(r.id, ())))
 
@@ -184,17 +183,6 @@ async def iter_requests(
         if len(rows) < batch:
             return
         last = (rows[-1].created_at, rows[-1].id)
-
-
-async def votes_by_request(session: AsyncSession, request_ids: Iterable[str]) -> dict[str, list[Vote]]:
-    """The votes on each of ``request_ids``, in order (one query)."""
-    ids = list(request_ids)
-    out: dict[str, list[Vote]] = {rid: [] for rid in ids}
-    if ids:
-        stmt = select(Vote).where(col(Vote.request_id).in_(ids)).order_by(col(Vote.id))
-        for vote in (await session.exec(stmt)).all():
-            out[vote.request_id].append(vote)
-    return out
 
 
 async def request_trail(session: AsyncSession, request_id: str) -> list[AuditEvent]:

@@ -21,7 +21,7 @@ from signoff.app.console.format import compact_json, iso
 from signoff.app.console.pages import RequestRow, request_rows, row_of
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.queries import RequestFilter
-from signoff.app.requests.votes import approvals_by_gate, votes_of_requests
+from signoff.app.requests.tally import approvals_by_gate, votes_of_requests
 
 __all__ = [
     "CSV_COLUMNS",

@@ -32,7 +32,7 @@ from signoff.app.requests.eligibility import (
     is_not_yet,
 )
 from signoff.app.requests.states import EXPIRY, get_request
-from signoff.app.requests.votes import GateApprovals, approvals_by_gate, per_gate, votes_for
+from signoff.app.requests.tally import GateApprovals, approvals_by_gate, per_gate, votes_for
 from signoff.app.schemas import AuditVerifyOut
 from signoff.channels import ArgumentChange, GrantChoice, edit_input
 

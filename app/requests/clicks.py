@@ -26,7 +26,8 @@ from signoff.app.requests.eligibility import (
     gates_of,
 )
 from signoff.app.requests.states import get_request
-from signoff.app.requests.votes import VoteResult, apply_vote, refuse_vote, votes_for
+from signoff.app.requests.tally import forget, votes_for
+from signoff.app.requests.votes import VoteResult, apply_vote, refuse_vote
 from signoff.channels import Card, Channel, Click, ClickAnswer, ClickOutcome, InteractiveChannel, MessageRef
 
 __all__ = ["LOOKUP_SECONDS", "ClickService"]
@@ -201,6 +202,7 @@ class ClickService:
         if not values:
             return
         async with transaction(self._sessions) as session:
+            forget(session)
             await session.exec(
                 sa.update(Vote)
                 .where(col(Vote.channel) == channel, col(Vote.user_id) == user_id)

@@ -21,7 +21,6 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.audit import Actor
@@ -29,6 +28,7 @@ from signoff.app.models import ConfirmationRequest, Vote, utcnow
 from signoff.app.receipt_keys import sign, signing_key
 from signoff.app.requests.canonical import call_digest
 from signoff.app.requests.eligibility import GateSnapshot
+from signoff.app.requests.tally import votes_of_requests
 from signoff.hooks.receipts import action_digest, canonical_bytes, receipt_digest
 
 __all__ = [
@@ -165,11 +165,6 @@ def decision_payload(
     return payload
 
 
-_VOTES_OF = (
-    select(Vote).where(col(Vote.request_id).in_(sa.bindparam("ids", expanding=True))).order_by(col(Vote.id))
-)
-
-
 async def sign_decisions(
     session: AsyncSession,
     decided: Sequence[Decided],
@@ -185,10 +180,7 @@ async def sign_decisions(
     request (by id)."""
     if not decided:
         return {}
-    ids = [d.request_id for d in decided]
-    votes: dict[str, list[Vote]] = {rid: [] for rid in ids}
-    for v in (await session.exec(_VOTES_OF, params={"ids": ids})).all():
-        votes[v.request_id].append(v)
+    votes = await votes_of_requests(session, [d.request_id for d in decided])
     key = await signing_key(session)
     issued_at = max(utcnow(), decided_at)
     receipts = {}

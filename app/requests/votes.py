@@ -7,13 +7,12 @@ applies them under the request's lock and moves the request through
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
@@ -24,24 +23,19 @@ from signoff.app.requests import edits, grants
 from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
 from signoff.app.requests.states import expire, get_request, queue_updates, transition
+from signoff.app.requests.tally import approvals_by_gate, forget, per_gate, votes_for
 from signoff.channels import ClickAnswer, GrantChoice, Verdict, changes_text, edit_problem
 
 __all__ = [
-    "GateApprovals",
     "VoteResult",
     "apply_vote",
-    "approvals_by_gate",
     "cast_vote",
     "describe_decided",
-    "per_gate",
     "refuse_vote",
-    "votes_for",
-    "votes_of_requests",
 ]
 
 _VOTES: sa.Table = Vote.__table__  # type: ignore[attr-defined]
 _VOTE_KEY = ("request_id", "gate", "voter")
-_VOTES_OF = select(Vote).where(col(Vote.request_id) == sa.bindparam("request_id")).order_by(col(Vote.id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +309,7 @@ async def _insert_vote(
         created_at=now,
         grant_choice=grant.as_dict() if grant is not None else None,
     )
+    forget(session)
     return await insert_unless_taken(session, _VOTES, _VOTE_KEY, core_row(vote, skip=("id",)))
 
 
@@ -367,42 +362,3 @@ async def refuse_vote(
     who the clicker is): only the audit log changes."""
     await _audit_refusal(session, req, voter, _vote_detail(voter, verdict, reason), why)
     return VoteResult(False, why, req)
-
-
-GateApprovals = Mapping[tuple[str, int], int]
-"""Approving votes by (request id, gate index); a gate nobody approved yet is absent."""
-
-
-async def approvals_by_gate(session: AsyncSession, request_ids: Iterable[str]) -> GateApprovals:
-    """Approving votes on each gate of each of ``request_ids`` (one query, however many)."""
-    ids = list(dict.fromkeys(request_ids))
-    if not ids:
-        return {}
-    rows = await session.exec(
-        select(col(Vote.request_id), col(Vote.gate), sa.func.count())
-        .where(col(Vote.request_id).in_(ids), col(Vote.verdict) == Verdict.APPROVE.value)
-        .group_by(col(Vote.request_id), col(Vote.gate))
-    )
-    return {(str(rid), int(gate)): int(n) for rid, gate, n in rows.all()}
-
-
-def per_gate(approvals: GateApprovals, request_id: str, gates: int) -> list[int]:
-    """Approving votes per gate (index) of request ``request_id``, a request of ``gates`` gates."""
-    return [approvals.get((request_id, i), 0) for i in range(gates)]
-
-
-async def votes_for(session: AsyncSession, request_id: str) -> list[Vote]:
-    return list((await session.exec(_VOTES_OF, params={"request_id": request_id})).all())
-
-
-async def votes_of_requests(session: AsyncSession, request_ids: Sequence[str]) -> dict[str, list[Vote]]:
-    """The votes on each of ``request_ids``, oldest first (one query, however many)."""
-    found: dict[str, list[Vote]] = {}
-    if not request_ids:
-        return found
-    rows = await session.exec(
-        select(Vote).where(col(Vote.request_id).in_(list(request_ids))).order_by(col(Vote.id))
-    )
-    for vote in rows.all():
-        found.setdefault(vote.request_id, []).append(vote)
-    return found

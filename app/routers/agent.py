@@ -37,7 +37,7 @@ from signoff.app.requests.gate import CutShort, GateService
 from signoff.app.requests.kernel import idempotency_key
 from signoff.app.requests.single_use import record_executed
 from signoff.app.requests.states import TERMINAL, get_request, transition
-from signoff.app.requests.votes import votes_for
+from signoff.app.requests.tally import votes_for
 from signoff.app.routers import StrictJSONRoute
 from signoff.app.runtime import Runtime
 from signoff.app.schemas import (

@@ -632,6 +632,7 @@ async def test_a_decision_is_one_unit_of_work_that_reads_its_request_once(
     unit, answer = tally.by_task[task]
     assert unit.reads_of("confirmation_request") == 1
     assert unit.writes_of("confirmation_request") == 1  # the decision and its receipt, together
+    assert unit.reads_of("vote") == 1  # for the receipt and the waiting agent's answer alike
     assert answer.reads_of("confirmation_request") == 0
     assert not any(answer.writes_to(t) for t in ("confirmation_request", "vote", "audit_event"))
     assert list(tally.by_task) == [task]  # nobody else asked the database anything

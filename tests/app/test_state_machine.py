@@ -14,6 +14,7 @@ from signoff.app.db import transaction
 from signoff.app.models import AuditEvent, Delivery, Status
 from signoff.app.requests.eligibility import Voter
 from signoff.app.requests.states import ALLOWED_TRANSITIONS, TERMINAL, get_request, transition
+from signoff.app.requests.tally import votes_for
 from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
@@ -85,6 +86,27 @@ async def test_quorum_two_needs_two_distinct_approvers(runtime: Runtime) -> None
     assert second is not None
     assert second.decided
     assert second.request.status == Status.APPROVED
+
+
+async def test_votes_read_in_a_transaction_are_read_again_once_it_votes(runtime: Runtime) -> None:
+    """A transaction remembers the votes it read, and forgets them when it votes: the second
+    vote's decision, its receipt and every read after it see both votes."""
+    cfg = runtime.config
+    async with transaction(runtime.sessions) as s:
+        req = await make_request(s, cfg, tool="wire_money")
+    async with transaction(runtime.sessions) as s:
+        assert await votes_for(s, req.id) == []
+        first = await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
+        assert first is not None and not first.decided
+        assert [v.voter for v in await votes_for(s, req.id)] == ["alice"]
+        second = await cast_vote(s, req.id, voter=voter("bob"), verdict=Verdict.APPROVE, config=cfg)
+        assert second is not None and second.decided
+        assert [v.voter for v in await votes_for(s, req.id)] == ["alice", "bob"]
+        receipt = second.request.receipt
+    assert receipt is not None
+    assert [v["person"] for v in receipt["payload"]["votes"]] == ["alice", "bob"]
+    async with transaction(runtime.sessions) as s:
+        assert [v.voter for v in await votes_for(s, req.id)] == ["alice", "bob"]
 
 
 async def test_one_rejection_rejects(runtime: Runtime) -> None:

@@ -463,6 +463,7 @@ async def test_a_signed_click_is_one_unit_of_work_that_reads_its_request_once(
     assert click_unit.reads_of("confirmation_request") == 1
     assert click_unit.writes_to("vote")
     assert click_unit.writes_of("confirmation_request") == 1
+    assert click_unit.reads_of("vote") == 1
     assert (card.reads_of("vote"), card.reads_of("confirmation_request")) == (1, 0)
     assert not any(card.writes_to(t) for t in ("confirmation_request", "vote", "audit_event"))
     # What users.info said about the clicker, onto their votes: no request read, no decision.
