@@ -226,8 +226,9 @@ class Session(sqlmodel.Session):
         """What this session does with the events it emits; sessions made without drop them."""
         self.webhooks = webhooks or _no_webhooks
         """Whom this session's events go to; sessions made without send none."""
-        self.owed: list[tuple[SessionTransaction | None, Callable[[], object]]] = []
-        """Callbacks, each with the savepoint it was registered in (None: outside any)."""
+        self.owed: list[tuple[SessionTransaction | None, Callable[[], object], bool]] = []
+        """Callbacks, each with the savepoint it was registered in (None: outside any) and
+        whether it runs ahead of the others (:func:`on_commit`'s ``first``)."""
         self.before: list[tuple[SessionTransaction | None, Callable[[], Awaitable[object]]]] = []
         """Work to do in the transaction just before it commits (:func:`before_commit`)."""
         self.woke = False
@@ -255,12 +256,12 @@ def _after_commit(session: Session) -> None:
     if savepoint is not None:
         # A savepoint was released: what it owes now waits on the transaction around it.
         outer = _enclosing_savepoint(savepoint)
-        session.owed = [(outer if at is savepoint else at, fn) for at, fn in session.owed]
+        session.owed = [(outer if at is savepoint else at, fn, first) for at, fn, first in session.owed]
         session.before = [(outer if at is savepoint else at, fn) for at, fn in session.before]
         return
     owed, session.owed = session.owed, []
     session.woke = bool(owed)
-    for _, fn in owed:
+    for _, fn, _ in sorted(owed, key=lambda entry: not entry[2]):  # stable: firsts, then the rest
         try:
             fn()
         except Exception:  # the transaction has committed: its caller must not be told it failed
@@ -273,7 +274,7 @@ def _after_rollback(session: Session) -> None:
     if savepoint is None:
         session.owed, session.before = [], []
     else:
-        session.owed = [(at, fn) for at, fn in session.owed if at is not savepoint]
+        session.owed = [entry for entry in session.owed if entry[0] is not savepoint]
         session.before = [(at, fn) for at, fn in session.before if at is not savepoint]
 
 
@@ -291,16 +292,17 @@ def _sync(session: AsyncSession) -> Session:
     return sync
 
 
-def on_commit(session: AsyncSession, callback: Callable[[], object]) -> None:
+def on_commit(session: AsyncSession, callback: Callable[[], object], *, first: bool = False) -> None:
     """Call ``callback`` once ``session``'s transaction has committed; never if it rolls back.
 
     Registered inside a savepoint, it is dropped if that savepoint rolls back. Callbacks run
-    in the order they were registered; one that raises is logged and the others still run.
+    in the order they were registered, those registered ``first`` (waking waiting agents)
+    ahead of the others; one that raises is logged and the others still run.
     """
     sync = _sync(session)
     if not sync.in_transaction():
         raise RuntimeError("on_commit outside a transaction: there is no commit to wait for")
-    sync.owed.append((sync.get_nested_transaction(), callback))
+    sync.owed.append((sync.get_nested_transaction(), callback, first))
 
 
 def before_commit(session: AsyncSession, work: Callable[[], Awaitable[object]]) -> None:
@@ -329,7 +331,7 @@ def wake_after_commit(session: AsyncSession, *, decided: Sequence[str] = (), que
     if decided:
         ids, answers = tuple(decided), wakeups.answers
         found: dict[str, Any] = {}
-        on_commit(session, functools.partial(wakeups.decided, ids, found))
+        on_commit(session, functools.partial(wakeups.decided, ids, found), first=True)
         if answers is not None:
 
             async def answer() -> None:

@@ -290,18 +290,27 @@ def gate_refusal(
     return None
 
 
+_PARSED = "_signoff_gates"
+"""Where :func:`gates_of` keeps a request's parsed gates, beside the row's own attributes."""
+
+
 def gates_of(req: ConfirmationRequest) -> list[GateSnapshot]:
     """The request's gates in the order they run (a request made before several gates could
     ask has its one ``gate``, posted to the request's ``channel``, until revision 0012 moves it
     into ``gates``)."""
-    first: Mapping[str, object] = req.gate or {}
-    version = req.config_version or first.get("config_version")
-    known = {"config_version": version if isinstance(version, str) else None}
-    if req.gates:
-        return [GateSnapshot.model_validate({**g, **known}) for g in req.gates]
-    return [
-        GateSnapshot.model_validate({"key": first.get("name", ""), **first, "channel": req.channel, **known})
-    ]
+    parsed: tuple[GateSnapshot, ...] | None = req.__dict__.get(_PARSED)
+    if parsed is None:
+        first: Mapping[str, object] = req.gate or {}
+        version = req.config_version or first.get("config_version")
+        known = {"config_version": version if isinstance(version, str) else None}
+        if req.gates:
+            parsed = tuple(GateSnapshot.model_validate({**g, **known}) for g in req.gates)
+        else:
+            shape = {"key": first.get("name", ""), **first, "channel": req.channel, **known}
+            parsed = (GateSnapshot.model_validate(shape),)
+        # What it reads was fixed when the request was made: parsed once per copy of the row.
+        req.__dict__[_PARSED] = parsed
+    return list(parsed)
 
 
 def _telling(why: str) -> int:

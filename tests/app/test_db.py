@@ -54,6 +54,28 @@ async def test_callbacks_run_once_the_transaction_has_committed(runtime: Runtime
         ).one()
 
 
+async def test_callbacks_registered_first_run_ahead_in_their_order_even_from_a_savepoint(
+    runtime: Runtime,
+) -> None:
+    """Waking the waiting agents is registered ``first``: it runs before the logs and metrics
+    registered earlier in the transaction; a first from a rolled-back savepoint never runs."""
+    ran: list[str] = []
+    async with transaction(runtime.sessions) as s:
+        await make_request(s, runtime.config)
+        on_commit(s, lambda: ran.append("log"))
+        on_commit(s, lambda: ran.append("wake"), first=True)
+        async with s.begin_nested():
+            on_commit(s, lambda: ran.append("wake from a savepoint"), first=True)
+
+        async def work(s: AsyncSession) -> None:
+            on_commit(s, lambda: ran.append("rolled back wake"), first=True)
+
+        with pytest.raises(Boom):
+            await _failing_savepoint(s, work)
+        on_commit(s, lambda: ran.append("metrics"))
+    assert ran == ["wake", "wake from a savepoint", "log", "metrics"]
+
+
 async def test_callbacks_never_run_after_a_rollback(runtime: Runtime) -> None:
     ran: list[str] = []
 

@@ -97,10 +97,12 @@ async def test_votes_read_in_a_transaction_are_read_again_once_it_votes(runtime:
     async with transaction(runtime.sessions) as s:
         assert await votes_for(s, req.id) == []
         first = await cast_vote(s, req.id, voter=voter("alice"), verdict=Verdict.APPROVE, config=cfg)
-        assert first is not None and not first.decided
+        assert first is not None
+        assert not first.decided
         assert [v.voter for v in await votes_for(s, req.id)] == ["alice"]
         second = await cast_vote(s, req.id, voter=voter("bob"), verdict=Verdict.APPROVE, config=cfg)
-        assert second is not None and second.decided
+        assert second is not None
+        assert second.decided
         assert [v.voter for v in await votes_for(s, req.id)] == ["alice", "bob"]
         receipt = second.request.receipt
     assert receipt is not None
