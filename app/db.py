@@ -233,6 +233,9 @@ class Session(sqlmodel.Session):
         """Work to do in the transaction just before it commits (:func:`before_commit`)."""
         self.woke = False
         """Whether the last commit ran callbacks (their tasks get a turn; see transaction)."""
+        self.later: list[Callable[[], object]] | None = None
+        """While :func:`transaction` commits: where the callbacks not registered ``first`` wait
+        until the tasks the first ones woke have had their turn (None: they run at once)."""
 
 
 def _enclosing_savepoint(savepoint: SessionTransaction) -> SessionTransaction | None:
@@ -261,7 +264,16 @@ def _after_commit(session: Session) -> None:
         return
     owed, session.owed = session.owed, []
     session.woke = bool(owed)
-    for _, fn, _ in sorted(owed, key=lambda entry: not entry[2]):  # stable: firsts, then the rest
+    rest = [fn for _, fn, first in owed if not first]
+    _run_callbacks([fn for _, fn, first in owed if first])
+    if session.later is not None:
+        session.later.extend(rest)
+    else:
+        _run_callbacks(rest)
+
+
+def _run_callbacks(callbacks: Sequence[Callable[[], object]]) -> None:
+    for fn in callbacks:
         try:
             fn()
         except Exception:  # the transaction has committed: its caller must not be told it failed
@@ -385,18 +397,30 @@ async def transaction(factory: async_sessionmaker[AsyncSession]) -> AsyncIterato
     """A unit of work: commit on success, roll back on any exception.
 
     After a commit that ran callbacks (:func:`on_commit`) the caller yields once, so the
-    tasks they woke (agents waiting on a decision) answer before it goes on.
+    tasks they woke (agents waiting on a decision) answer before it goes on, and before the
+    callbacks not registered ``first`` (logs, metrics) run.
     """
     session = factory()
     try:
         yield session
         if session.in_transaction():
             await _run_before_commit(session)
-            await session.commit()
             sync = session.sync_session
-            if isinstance(sync, Session) and sync.woke:
-                sync.woke = False
-                await asyncio.sleep(0)
+            if not isinstance(sync, Session):
+                await session.commit()
+                return
+            later: list[Callable[[], object]] = []
+            sync.later = later
+            try:
+                await session.commit()
+            finally:
+                sync.later = None
+            try:
+                if sync.woke:
+                    sync.woke = False
+                    await asyncio.sleep(0)
+            finally:  # committed: what it owes runs, even for a caller cancelled meanwhile
+                _run_callbacks(later)
     except BaseException:
         await session.rollback()
         await session.close()

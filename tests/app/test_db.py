@@ -76,6 +76,26 @@ async def test_callbacks_registered_first_run_ahead_in_their_order_even_from_a_s
     assert ran == ["wake", "wake from a savepoint", "log", "metrics"]
 
 
+async def test_a_task_woken_first_answers_before_the_other_callbacks_run(runtime: Runtime) -> None:
+    """Through transaction(): the agent woken at the commit has its turn before the logs and
+    metrics its transaction owes, and those still run before transaction() returns."""
+    ran: list[str] = []
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def agent() -> None:
+        await woken
+        ran.append("agent answered")
+
+    waiting = asyncio.create_task(agent())
+    await asyncio.sleep(0)
+    async with transaction(runtime.sessions) as s:
+        await make_request(s, runtime.config)
+        on_commit(s, lambda: ran.append("log"))
+        on_commit(s, lambda: (ran.append("wake"), woken.set_result(None)), first=True)
+    assert ran == ["wake", "agent answered", "log"]
+    await waiting
+
+
 async def test_callbacks_never_run_after_a_rollback(runtime: Runtime) -> None:
     ran: list[str] = []
 
