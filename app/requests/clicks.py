@@ -210,20 +210,21 @@ class ClickService:
             )
 
 
+_POSTED = (
+    select(Delivery.message_ref)
+    .where(
+        col(Delivery.request_id) == sa.bindparam("request_id"),
+        col(Delivery.channel) == sa.bindparam("channel"),
+        col(Delivery.kind).in_(CARD_KINDS),
+    )
+    .order_by(col(Delivery.id))
+)
+
+
 async def _posted_card(session: AsyncSession, request_id: str, channel: str) -> MessageRef | None:
     """Where the request's card was posted on ``channel`` (None until it is): by its post, or
     by the escalation that brought it there."""
-    ref = (
-        await session.exec(
-            select(Delivery.message_ref)
-            .where(
-                col(Delivery.request_id) == request_id,
-                col(Delivery.channel) == channel,
-                col(Delivery.kind).in_(CARD_KINDS),
-            )
-            .order_by(col(Delivery.id))
-        )
-    ).first()
+    ref = (await session.exec(_POSTED, params={"request_id": request_id, "channel": channel})).first()
     return {str(k): str(v) for k, v in ref.items()} if ref else None
 
 
