@@ -6,7 +6,8 @@
   and applies its answer (a new request, a grant's use).
 - :mod:`.intake` writes new requests (group commit).
 - :mod:`.states` is the state machine (the transition table and the one conditional write).
-- :mod:`.eligibility` says who may vote on which gate; :mod:`.votes` casts votes.
+- :mod:`.eligibility` says who may vote on which gate; :mod:`.votes` casts votes;
+  :mod:`.tally` reads the votes cast.
 - :mod:`.clicks` takes chat clicks; :mod:`.cards` draws what channels show.
 - :mod:`.grants`, :mod:`.edits` and :mod:`.single_use`: what an approval authorizes.
 - :mod:`.reminders`: when approvers are reminded and whom a request escalates to.

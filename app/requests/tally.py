@@ -1,8 +1,8 @@
 """The votes recorded on requests, as the unit of work reading them sees them.
 
-Every read of votes goes through here: one query however many requests, and a request's votes
-read once in a transaction are not read again in it (the decision's receipt, the answer of the
-agents waiting on it and the card drawn for it share one read). Whatever writes votes in a
+Every read of votes goes through here: one query however many requests, and the votes of a few
+requests read once in a transaction are not read again in it (the decision's receipt and the
+answer of the agents waiting on it share one read). Whatever writes votes in a
 transaction forgets what it read (:func:`forget`); votes of a request are only written under
 its lock (:mod:`signoff.app.requests.votes`), so no other writer changes them meanwhile.
 """
