@@ -196,6 +196,7 @@ async def test_slack_reminder_and_escalation_go_once_across_kill_9(
                 json={"tool_name": "pay_x", "arguments": {}},
                 headers={"Authorization": f"Bearer {key}"},
             )
+        assert answer.json().get("request_id"), (answer.status_code, answer.text)
         rid = answer.json()["request_id"]
         await until(lambda: fake_slack.calls_to("chat.postMessage"))
         kill9(first)  # before the reminder is due
@@ -281,6 +282,7 @@ async def test_a_feishu_reminder_cut_short_by_kill_9_is_sent_once(
                 json={"tool_name": "pay_x", "arguments": {}},
                 headers={"Authorization": f"Bearer {key}"},
             )
+        assert answer.json().get("request_id"), (answer.status_code, answer.text)
         rid = answer.json()["request_id"]
         await until(reply_calls)
         kill9(first)  # the reminder is in flight
