@@ -60,8 +60,8 @@ class ClickService:
 
     async def click(self, channel: str, click: Click) -> ClickOutcome:
         """Apply one click in one unit of work, reading its request once (under lock): where
-        it came from, the vote, the transition, the card. A decision wakes the agents waiting
-        on it as it commits (:func:`signoff.app.db.wake_after_commit`)."""
+        it came from, the vote, the transition. A decision wakes the agents waiting on it as
+        it commits (:func:`signoff.app.db.wake_after_commit`); the card is drawn after."""
         kind = self._config.channel_type(channel)
         voter = self._voter(channel, kind, click)
         target = self._channels.get(channel)
@@ -85,14 +85,14 @@ class ClickService:
                 if req is None:
                     return _no_request(click)
                 voted = await self._apply(session, req, voter, click, refused)
-        # The card is drawn once the vote has committed: the waiting agents answer first.
-        result = voted
+        # The card is drawn once the vote has committed (the waiting agents answer first),
+        # from the votes as they are then.
         async with self._reads() as session:
-            votes = await votes_for(session, result.request.id)
+            votes = await votes_for(session, voted.request.id)
         card = build_card(
-            result.request, votes, self._config, kind, channel=channel, public_url=self._public_url
+            voted.request, votes, self._config, kind, channel=channel, public_url=self._public_url
         )
-        return ClickOutcome(result.accepted, result.message, card, result.answer)
+        return ClickOutcome(voted.accepted, voted.message, card, voted.answer)
 
     async def _refusal(
         self,
