@@ -98,9 +98,9 @@ async def request_outs_by_id(session: AsyncSession, ids: Sequence[str]) -> dict[
     r = ConfirmationRequest
     # A request this session holds already is as this transaction wrote it (the state
     # machine keeps its copy so): not read again.
-    reqs = [req for rid in ids if (req := held(session, rid)) is not None]
-    if len(reqs) < len(ids):
-        rest = [rid for rid in ids if held(session, rid) is None]
+    known = {rid: held(session, rid) for rid in ids}
+    reqs = [req for req in known.values() if req is not None]
+    if rest := [rid for rid, req in known.items() if req is None]:
         reqs += (await session.exec(select(r).where(col(r.id).in_(rest)))).all()
     return {out.id: out for out in await request_outs(session, reqs)}
 

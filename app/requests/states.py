@@ -279,8 +279,7 @@ async def transition(
         await session.refresh(req)
         await audit.append_many(session, along)
         return False
-    for name, value in {"status": target.value, **written}.items():
-        set_committed_value(req, name, value)
+    _keep_loaded(session, request_id, {"status": target.value, **written})
     _observe(
         session,
         request_id,
