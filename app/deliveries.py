@@ -9,16 +9,28 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.db import wake_after_commit
-from signoff.app.models import Delivery, DeliveryKind, OutboxStatus
+from signoff.app.models import CARD_KINDS, Delivery, DeliveryKind, OutboxStatus
 
-__all__ = ["WEBHOOK", "owed_delivery", "queue_deliveries"]
+__all__ = ["CARD_REF", "CARD_ROW", "WEBHOOK", "owed_delivery", "queue_deliveries"]
 
 WEBHOOK = DeliveryKind.WEBHOOK
 
 _INSERT = sa.insert(Delivery.__table__)  # type: ignore[attr-defined]
+
+_CARD_OF = (
+    col(Delivery.request_id) == sa.bindparam("request_id"),
+    col(Delivery.channel) == sa.bindparam("channel"),
+    col(Delivery.kind).in_(CARD_KINDS),
+)
+CARD_ROW = select(Delivery).where(*_CARD_OF).order_by(col(Delivery.id))
+"""The row of request ``request_id``'s card on ``channel`` (params ``request_id``, ``channel``): its
+first post, or the escalation that brought it there; ``.first()`` of the result."""
+CARD_REF = select(Delivery.message_ref).where(*_CARD_OF).order_by(col(Delivery.id))
+"""Where that card was posted (its ``message_ref``; None until it is)."""
 
 
 def owed_delivery(

@@ -19,26 +19,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import httpx
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
-from sqlmodel import col, or_, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
 from signoff.app.db import log_failure, transaction
-from signoff.app.deliveries import WEBHOOK
+from signoff.app.deliveries import CARD_ROW, WEBHOOK
 from signoff.app.metrics import DELIVERIES, WEBHOOK_DELIVERIES
 from signoff.app.models import (
-    CARD_KINDS,
     ConfirmationRequest,
     Delivery,
     DeliveryKind,
@@ -136,34 +136,8 @@ class Dispatcher:
 
     async def _claim(self, now: datetime, limit: int) -> list[int]:
         async with transaction(self._sessions) as session:
-            due = (
-                await session.exec(
-                    select(Delivery.id)
-                    .where(
-                        col(Delivery.status) == OutboxStatus.PENDING,
-                        col(Delivery.next_attempt_at) <= now,
-                        or_(col(Delivery.leased_until).is_(None), col(Delivery.leased_until) < now),
-                    )
-                    .order_by(col(Delivery.id))
-                    .limit(limit)
-                )
-            ).all()
-            claimed: list[int] = []
-            for did in due:
-                assert did is not None
-                res = await session.exec(
-                    sa.update(Delivery)
-                    .where(
-                        col(Delivery.id) == did,
-                        col(Delivery.status) == OutboxStatus.PENDING,
-                        or_(col(Delivery.leased_until).is_(None), col(Delivery.leased_until) < now),
-                    )
-                    .values(leased_until=now + self._lease)
-                    .returning(col(Delivery.id))
-                )
-                if res.first() is not None:
-                    claimed.append(did)
-            return claimed
+            params = {"now": now, "until": now + self._lease}
+            return sorted(int(i) for i in (await session.exec(_claiming(limit), params=params)).scalars())
 
     async def _deliver_guarded(self, delivery_id: int, now: datetime) -> None:
         async with self._slots:
@@ -260,17 +234,8 @@ class Dispatcher:
         votes = await votes_for(session, req.id)
         card_row = None
         if d.kind != DeliveryKind.POST:
-            card_row = (
-                await session.exec(
-                    select(Delivery)
-                    .where(
-                        col(Delivery.request_id) == d.request_id,
-                        col(Delivery.channel) == d.channel,
-                        col(Delivery.kind).in_(CARD_KINDS),
-                    )
-                    .order_by(col(Delivery.id))
-                )
-            ).first()
+            params = {"request_id": d.request_id, "channel": d.channel}
+            card_row = (await session.exec(CARD_ROW, params=params)).first()
         return req, votes, card_row
 
     async def _send_webhook(self, d: Delivery, now: datetime) -> None:
@@ -353,7 +318,7 @@ class Dispatcher:
         """Mark the row done: sent (with the card's ``ref``, and the audit events ``along`` in
         the same transaction), ``failed`` or ``skipped`` for the reason given."""
         async with transaction(self._sessions) as session:
-            values: dict[str, object] = {"leased_until": None, "attempts": Delivery.attempts + 1}
+            values: dict[str, object] = {"leased_until": None}
             if failed is not None:
                 values |= {"status": OutboxStatus.FAILED.value, "last_error": failed}
             elif skipped is not None:
@@ -362,7 +327,7 @@ class Dispatcher:
                 values |= {"status": OutboxStatus.SENT.value, "sent_at": now or utcnow(), "last_error": None}
                 if ref is not None:
                     values["message_ref"] = ref
-            await session.exec(sa.update(Delivery).where(col(Delivery.id) == delivery_id).values(**values))
+            await session.exec(_update(*values), params={"did": delivery_id, **_new(values)})
             if along:
                 await audit.append_many(session, along)
 
@@ -376,17 +341,14 @@ class Dispatcher:
         count: bool = True,
         now: datetime | None = None,
     ) -> None:
+        values = {
+            "leased_until": None,
+            "attempts": attempts + (1 if count else 0),
+            "last_error": error,
+            "next_attempt_at": (now or utcnow()) + timedelta(seconds=delay),
+        }
         async with transaction(self._sessions) as session:
-            await session.exec(
-                sa.update(Delivery)
-                .where(col(Delivery.id) == delivery_id)
-                .values(
-                    leased_until=None,
-                    attempts=attempts + (1 if count else 0),
-                    last_error=error,
-                    next_attempt_at=(now or utcnow()) + timedelta(seconds=delay),
-                )
-            )
+            await session.exec(_update(*values, counted=False), params={"did": delivery_id, **_new(values)})
 
     async def _give_up(self, d: Delivery, exc: DeliveryError, now: datetime) -> None:
         assert d.id is not None
@@ -409,6 +371,51 @@ class Dispatcher:
 
 
 _OUTBOX = Actor("system", "outbox")
+_DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _claiming(limit: int) -> sa.Update:
+    """Lease up to ``limit`` rows due at ``now`` until ``until`` (params), in one statement; built
+    once. Dispatchers claiming at once on PostgreSQL skip each other's rows; the conditions are
+    checked again on the rows locked. The rows are chosen once, in a materialized CTE: a
+    subquery under ``IN`` may be run again for each row the UPDATE visits, seeing the rows it
+    has leased since as taken and choosing others, past ``limit``."""
+    d = _DELIVERIES.c
+    now = sa.bindparam("now", type_=d.next_attempt_at.type)
+    claimable = (
+        d.status == OutboxStatus.PENDING.value,
+        sa.or_(d.leased_until.is_(None), d.leased_until < now),
+    )
+    due = (
+        sa.select(d.id)
+        .where(*claimable, d.next_attempt_at <= now)
+        .order_by(d.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("due")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        sa.update(_DELIVERIES)
+        .where(d.id.in_(sa.select(due.c.id)), *claimable)
+        .values(leased_until=sa.bindparam("until", type_=d.leased_until.type))
+        .returning(d.id)
+    )
+
+
+@functools.cache
+def _update(*columns: str, counted: bool = True) -> sa.Update:
+    """Set ``columns`` of delivery ``did`` to the params ``new_<column>`` (and count the attempt
+    when ``counted``); built once per set of columns."""
+    values: dict[str, Any] = {c: sa.bindparam(f"new_{c}", type_=_DELIVERIES.c[c].type) for c in columns}
+    if counted:
+        values["attempts"] = _DELIVERIES.c.attempts + 1
+    return sa.update(_DELIVERIES).where(_DELIVERIES.c.id == sa.bindparam("did")).values(**values)
+
+
+def _new(values: Mapping[str, object]) -> dict[str, object]:
+    return {f"new_{c}": v for c, v in values.items()}
 
 
 def _card_ref(card_row: Delivery | None) -> tuple[dict[str, str] | None, str | None]:

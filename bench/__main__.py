@@ -107,7 +107,9 @@ def server_sections(db: str, plan: Plan, only: set[str]) -> list[Row]:
                     )
         if "latency" in only:
             log(f"{db}: decision → waiter ({plan.wake_rounds} rounds, Slack click and operator API)")
-            w = asyncio.run(wake_latency.measure(s, plan.wake_rounds, verbose=False, via="slack"))
+            w = asyncio.run(
+                wake_latency.measure(s, plan.wake_rounds, verbose=False, via="slack", slack=slack)
+            )
             o = asyncio.run(wake_latency.measure(s, plan.wake_rounds, verbose=False, via="api"))
             assert echo_lat is not None
             p = wake_latency.pct

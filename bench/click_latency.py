@@ -126,7 +126,7 @@ class Results:
 def one_run(tree: str, db: str, env: dict[str, str], slack: str, echo: str, rounds: int) -> Run:
     with signoff_database(db, config=config_with_slack(slack), extra_env=env) as s:
         s.start()
-        click = asyncio.run(wake_latency.measure(s, rounds, verbose=False, via="slack"))
+        click = asyncio.run(wake_latency.measure(s, rounds, verbose=False, via="slack", slack=slack))
         api = asyncio.run(wake_latency.measure(s, rounds, verbose=False, via="api"))
         e = asyncio.run(echo_ms(echo, rounds))
         f = fsync_ms(s.tmp, rounds)  # the scratch database's directory

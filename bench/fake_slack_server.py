@@ -5,8 +5,9 @@ Extra endpoints:
 
 - ``POST /control/outage`` ``{"mode": "429" | "5xx" | "off", "retry_after": 1}``: answer every
   ``chat.postMessage`` / ``chat.update`` with 429 + ``Retry-After`` or a 503 HTML page until off;
-- ``GET /control/log``: every Web API call in order, with the time, the answer, the ``ts`` of
-  the message, the request ids on its buttons, and whether it has buttons.
+- ``GET /control/log[?since=N]``: every Web API call in order (from the N-th on), with the time,
+  the answer, the ``ts`` of the message, the request ids on its buttons, and whether it has
+  buttons.
 
     python -m bench.fake_slack_server --port-file PATH
 """
@@ -107,7 +108,8 @@ class ChaosSlack(FakeSlack):
         return web.json_response({"mode": self.outage})
 
     async def _get_log(self, request: web.Request) -> web.Response:
-        return web.json_response(self.log)
+        since = int(request.query.get("since", "0"))
+        return web.json_response(self.log[since:])
 
 
 async def serve(port_file: Path) -> None:

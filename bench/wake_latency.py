@@ -3,7 +3,9 @@
 Starts ``signoff serve`` on a scratch database, parks a long-poll
 (``GET /v1/requests/{id}/wait``) on a pending request, approves it through the
 operator API from a second connection, and takes three clocks (wall clock,
-the same on both sides of loopback):
+the same on both sides of loopback). A Slack click is sent once the card is posted (the fake
+Slack has it and Signoff has had a moment to record where), as a person's click comes after
+the card shows:
 
 - **send → return**: from sending the decision to the waiter's complete answer;
   an upper bound, it includes the decision's own HTTP round trip and vote;
@@ -56,13 +58,39 @@ def slack_click(rid: str) -> tuple[bytes, dict[str, str]]:
     return body, signed(body, timestamp=int(time.time()), secret=SLACK_SECRET)
 
 
-async def measure(s: Signoff, rounds: int, *, verbose: bool = True, via: str = "api") -> Samples:
+CARD_RECORDED = 0.03
+"""Seconds a click waits after the fake Slack got the card: Signoff records where it was posted."""
+
+
+async def card_posted(client: httpx.AsyncClient, slack: str, rid: str, seen: int) -> int:
+    """Wait until the fake Slack at ``slack`` (its ``base_url``) got request ``rid``'s card, from
+    its log's ``seen``-th call on; returns how many calls the log now holds."""
+    log = slack.removesuffix("/api/") + "/control/log"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        calls = (await client.get(log, params={"since": seen})).json()
+        seen += len(calls)
+        if any(c["method"] == "chat.postMessage" and rid in c.get("buttons", ()) for c in calls):
+            await asyncio.sleep(CARD_RECORDED)
+            return seen
+        await asyncio.sleep(0.005)
+    raise RuntimeError(f"the card of {rid} was not posted within 10 s")
+
+
+async def measure(
+    s: Signoff, rounds: int, *, verbose: bool = True, via: str = "api", slack: str | None = None
+) -> Samples:
     """``via``: ``api`` (the operator API) or ``slack`` (a signed Slack button click; the server
-    needs :func:`bench._server.config_with_slack`)."""
+    needs :func:`bench._server.config_with_slack` with the fake Slack ``slack``, whose log tells
+    when the card is posted)."""
+    if via == "slack" and slack is None:
+        raise ValueError("a Slack click needs the fake Slack's base_url (slack=...)")
     out = Samples([], [], [])
+    seen = 0
     async with (
         httpx.AsyncClient(base_url=s.url, timeout=30, headers=s.agent_headers) as agent,
         httpx.AsyncClient(base_url=s.url, timeout=30, headers=s.admin_headers) as ops,
+        httpx.AsyncClient(timeout=30) as fake,
     ):
         for i in range(rounds):
             tool = "slack_x" if via == "slack" else "pay_x"
@@ -81,6 +109,8 @@ async def measure(s: Signoff, rounds: int, *, verbose: bool = True, via: str = "
             waiter = asyncio.create_task(wait())
             await asyncio.sleep(0.02)  # let the long-poll park
             if via == "slack":
+                assert slack is not None
+                seen = await card_posted(fake, slack, rid, seen)
                 body, headers = slack_click(rid)
                 sent = time.time()
                 d = await ops.post("/callbacks/slack/bench-slack", content=body, headers=headers)
@@ -112,7 +142,7 @@ def main() -> None:
     p.add_argument("--via", choices=["api", "slack"], default="slack")
     args = p.parse_args()
     with fake_slack() as slack, running_server(args.db, config=config_with_slack(slack)) as s:
-        samples = asyncio.run(measure(s, args.rounds, via=args.via))
+        samples = asyncio.run(measure(s, args.rounds, via=args.via, slack=slack))
     for name in ("send_to_return", "commit_to_return", "decision_rtt"):
         v = getattr(samples, name)
         print(f"{name} ({args.db}, {len(v)} rounds): p50 {pct(v, 50):.1f} ms, p99 {pct(v, 99):.1f} ms")

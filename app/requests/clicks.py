@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
-from sqlmodel import col, select
+from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
-from signoff.app.models import CARD_KINDS, ConfirmationRequest, Delivery, Status, Vote, utcnow
+from signoff.app.deliveries import CARD_REF
+from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.requests.cards import build_card
 from signoff.app.requests.eligibility import (
     NOT_HERE,
@@ -210,21 +211,10 @@ class ClickService:
             )
 
 
-_POSTED = (
-    select(Delivery.message_ref)
-    .where(
-        col(Delivery.request_id) == sa.bindparam("request_id"),
-        col(Delivery.channel) == sa.bindparam("channel"),
-        col(Delivery.kind).in_(CARD_KINDS),
-    )
-    .order_by(col(Delivery.id))
-)
-
-
 async def _posted_card(session: AsyncSession, request_id: str, channel: str) -> MessageRef | None:
     """Where the request's card was posted on ``channel`` (None until it is): by its post, or
     by the escalation that brought it there."""
-    ref = (await session.exec(_POSTED, params={"request_id": request_id, "channel": channel})).first()
+    ref = (await session.exec(CARD_REF, params={"request_id": request_id, "channel": channel})).first()
     return {str(k): str(v) for k, v in ref.items()} if ref else None
 
 

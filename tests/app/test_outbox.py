@@ -19,6 +19,7 @@ from signoff.app.runtime import Runtime
 from signoff.channels import PermanentDeliveryError, RetryableDeliveryError, Verdict
 from signoff.channels.fake import FakeChannel
 from tests.app.factories import make_request
+from tests.units_of_work import counting
 
 
 def dispatcher(runtime: Runtime) -> Dispatcher:
@@ -148,6 +149,30 @@ async def test_a_claimed_delivery_is_not_sent_twice(runtime: Runtime, fake_chann
     counts = await asyncio.gather(*(dispatcher(runtime).run_once() for _ in range(4)))
     assert sorted(counts) == [0, 0, 0, 1]
     assert len(fake_channel.posts) == 1
+
+
+@pytest.mark.postgres
+async def test_a_claim_leases_each_due_row_once_in_one_statement(
+    runtime: Runtime, fake_channel: FakeChannel
+) -> None:
+    async with transaction(runtime.sessions) as s:
+        made = [await make_request(s, runtime.config, idempotency_key=f"k{i}") for i in range(5)]
+    rows = [d for r in made for d in await deliveries(runtime, r.id)]
+    posts = sorted(d.id for d in rows if d.kind == "post")
+    assert len(posts) == 5
+    d, now = dispatcher(runtime), utcnow() + timedelta(seconds=1)
+    with counting(runtime) as tally:
+        first = await d._claim(now, 3)
+    [unit] = [u for units in tally.by_task.values() for u in units]
+    [statement] = unit.statements
+    assert "UPDATE delivery SET leased_until" in statement
+    # The oldest first; a leased row is not claimed again until its lease runs out.
+    assert first == posts[:3]
+    assert await d._claim(now, 3) == posts[3:]
+    assert await d._claim(now, 3) == []
+    later = now + timedelta(seconds=31)  # the lease is 30 s
+    assert await d._claim(later, 10) == posts
+    assert fake_channel.posts == []
 
 
 def test_backoff_grows_and_honours_retry_after() -> None:
