@@ -240,7 +240,36 @@ def _truncate(url: str) -> None:
                 await conn.execute(sa.text("ALTER SEQUENCE audit_event_seq_seq RESTART"))
         await engine.dispose()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except sa.exc.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        raise RuntimeError(f"{url} stayed locked: {_holders(url)}") from exc
+
+
+def _holders(url: str) -> str:
+    """Which processes have SQLite database ``url`` (or its WAL) open, and this process's
+    threads: what to look at when a test leaves a writer behind."""
+    import sys
+    import threading
+    import traceback
+
+    path = Path(str(make_url(url).database)).resolve()
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(fd)).name.startswith(path.name):
+                pid = fd.parent.parent.name
+                cmdline = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append(f"pid {pid} ({'this worker' if int(pid) == os.getpid() else cmdline[:200]})")
+    frames = sys._current_frames()
+    threads = [
+        f"thread {t.name}: {''.join(traceback.format_stack(frames[t.ident], limit=4)).strip()}"
+        for t in threading.enumerate()
+        if t.ident in frames and t is not threading.current_thread()
+    ]
+    return "; ".join(sorted(set(found))) + " | " + " || ".join(threads)
 
 
 @functools.cache
