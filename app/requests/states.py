@@ -332,12 +332,16 @@ async def expire_overdue(
         .limit(batch)
         # Replicas sweeping at once skip each other's rows instead of deadlocking.
         .with_for_update(skip_locked=True)
+        # Chosen once: PostgreSQL may run a subquery under IN again for each row the UPDATE
+        # visits, and the rows already expired no longer look pending (past ``batch``).
+        .cte("due")
+        .prefix_with("MATERIALIZED")
     )
     rows = (
         await session.exec(
             sa.update(ConfirmationRequest)
             .where(
-                col(ConfirmationRequest.id).in_(due.scalar_subquery()),
+                col(ConfirmationRequest.id).in_(sa.select(due.c.id)),
                 col(ConfirmationRequest.status).in_(_sources(Status.EXPIRED)),
             )
             .values(status=Status.EXPIRED.value, **decided_columns(EXPIRY, EXPIRED_REASON, now))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -11,9 +12,15 @@ from sqlmodel import col, select
 from signoff.app import audit
 from signoff.app.audit import Actor, verify_chain
 from signoff.app.db import transaction
-from signoff.app.models import AuditEvent, Delivery, Status
+from signoff.app.models import AuditEvent, Delivery, Status, utcnow
 from signoff.app.requests.eligibility import Voter
-from signoff.app.requests.states import ALLOWED_TRANSITIONS, TERMINAL, get_request, transition
+from signoff.app.requests.states import (
+    ALLOWED_TRANSITIONS,
+    TERMINAL,
+    expire_overdue,
+    get_request,
+    transition,
+)
 from signoff.app.requests.tally import votes_for
 from signoff.app.requests.votes import cast_vote
 from signoff.app.runtime import Runtime
@@ -205,3 +212,20 @@ async def test_the_audit_log_takes_only_the_actions_it_knows(runtime: Runtime) -
     async with runtime.sessions() as s:
         assert (await s.exec(select(AuditEvent))).all() == []
         assert await verify_chain(s) == (0, None)
+
+
+@pytest.mark.postgres
+async def test_the_sweep_expires_at_most_a_batch_the_oldest_deadline_first(runtime: Runtime) -> None:
+    start = utcnow()
+    async with transaction(runtime.sessions) as s:
+        made = [
+            await make_request(s, runtime.config, idempotency_key=f"k{i}", now=start + timedelta(seconds=i))
+            for i in range(5)
+        ]
+    later = start + timedelta(hours=2)  # past every deadline (30 minutes)
+    async with transaction(runtime.sessions) as s:
+        first = await expire_overdue(s, now=later, batch=3)
+    async with transaction(runtime.sessions) as s:
+        rest = await expire_overdue(s, now=later, batch=3)
+    assert first == sorted(r.id for r in made[:3])
+    assert rest == sorted(r.id for r in made[3:])
