@@ -419,6 +419,9 @@ async def test_every_page_at_phone_and_desktop_widths(
     await desk.get_by_label("Reason").fill("Not on the payment plan for this quarter")
     await desk.get_by_role("button", name="Reject").click()
     await expect(desk.locator("h1 .badge")).to_have_text("rejected")
+    # The phone still shows the transfer's page, which reloads itself once its poll sees the
+    # approval: let it first (a navigation racing that reload is interrupted by it).
+    await expect(pages["phone"].locator("h1 .badge")).to_have_text("approved", timeout=15_000)
 
     for width, page in pages.items():
         for name, path in [
