@@ -46,6 +46,7 @@ __all__ = [
     "Wakeups",
     "async_url",
     "before_commit",
+    "chosen_once",
     "create_engine",
     "current_revision",
     "dialect_of",
@@ -166,6 +167,14 @@ def insert_ignoring(dialect: str, table: sa.Table, unique: tuple[str, ...]) -> s
         dialects[dialect].insert(table).on_conflict_do_nothing(index_elements=list(unique)).returning(pk)
     )
     return stmt
+
+
+def chosen_once(rows: sa.Select[Any], name: str = "chosen") -> sa.CTE:
+    """``rows`` (a locking, limited SELECT of the rows an UPDATE is to change) as a materialized
+    CTE: chosen once. PostgreSQL may run a subquery under ``IN`` again for each row the UPDATE
+    visits; the rows it has already changed no longer match, so each run chooses others, past
+    the limit. Update ``WHERE id IN (SELECT id FROM <this>)``."""
+    return rows.cte(name).prefix_with("MATERIALIZED")
 
 
 def _nobody(*_: object) -> None:

@@ -35,7 +35,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit, webhooks
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig
-from signoff.app.db import log_failure, transaction
+from signoff.app.db import chosen_once, log_failure, transaction
 from signoff.app.deliveries import CARD_ROW, WEBHOOK
 from signoff.app.metrics import DELIVERIES, WEBHOOK_DELIVERIES
 from signoff.app.models import (
@@ -378,9 +378,7 @@ _DELIVERIES: sa.Table = Delivery.__table__  # type: ignore[attr-defined]
 def _claiming(limit: int) -> sa.Update:
     """Lease up to ``limit`` rows due at ``now`` until ``until`` (params), in one statement; built
     once. Dispatchers claiming at once on PostgreSQL skip each other's rows; the conditions are
-    checked again on the rows locked. The rows are chosen once, in a materialized CTE: a
-    subquery under ``IN`` may be run again for each row the UPDATE visits, seeing the rows it
-    has leased since as taken and choosing others, past ``limit``."""
+    checked again on the rows locked (chosen once: :func:`signoff.app.db.chosen_once`)."""
     d = _DELIVERIES.c
     now = sa.bindparam("now", type_=d.next_attempt_at.type)
     claimable = (
@@ -393,12 +391,10 @@ def _claiming(limit: int) -> sa.Update:
         .order_by(d.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
-        .cte("due")
-        .prefix_with("MATERIALIZED")
     )
     return (
         sa.update(_DELIVERIES)
-        .where(d.id.in_(sa.select(due.c.id)), *claimable)
+        .where(d.id.in_(sa.select(chosen_once(due).c.id)), *claimable)
         .values(leased_until=sa.bindparam("until", type_=d.leased_until.type))
         .returning(d.id)
     )

@@ -24,7 +24,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from signoff.app import audit
 from signoff.app.audit import Actor
 from signoff.app.config import REQUEST_DECIDED
-from signoff.app.db import dialect_of, emit, on_commit, wake_after_commit
+from signoff.app.db import chosen_once, dialect_of, emit, on_commit, wake_after_commit
 from signoff.app.deliveries import owed_delivery, queue_deliveries  # also offered from here
 from signoff.app.metrics import observe_decision
 from signoff.app.models import (
@@ -325,23 +325,19 @@ async def expire_overdue(
 ) -> list[str]:
     """Expire pending requests past their deadline; safe to run on every replica at once."""
     now = now or utcnow()
-    due = (
+    overdue = (
         select(ConfirmationRequest.id)
         .where(col(ConfirmationRequest.status) == Status.PENDING, col(ConfirmationRequest.expires_at) <= now)
         .order_by(col(ConfirmationRequest.expires_at))
         .limit(batch)
         # Replicas sweeping at once skip each other's rows instead of deadlocking.
         .with_for_update(skip_locked=True)
-        # Chosen once: PostgreSQL may run a subquery under IN again for each row the UPDATE
-        # visits, and the rows already expired no longer look pending (past ``batch``).
-        .cte("due")
-        .prefix_with("MATERIALIZED")
     )
     rows = (
         await session.exec(
             sa.update(ConfirmationRequest)
             .where(
-                col(ConfirmationRequest.id).in_(sa.select(due.c.id)),
+                col(ConfirmationRequest.id).in_(sa.select(chosen_once(overdue).c.id)),
                 col(ConfirmationRequest.status).in_(_sources(Status.EXPIRED)),
             )
             .values(status=Status.EXPIRED.value, **decided_columns(EXPIRY, EXPIRED_REASON, now))
