@@ -76,8 +76,10 @@ class BodyLimit:
         if declared is not None and declared > self.limit:
             await self._too_large(send)
             return
-        if declared is not None and declared >= 0:
-            # The server reads no more than the declared length: nothing left to count.
+        if declared is None or declared >= 0:
+            # The server reads no more than the declared length, and a request declaring
+            # neither a length nor chunks has no body (RFC 9112, 6.3): nothing to count (a
+            # parked long-poll holds no counting closures).
             await self.app(scope, receive, send)
             return
         seen = 0
