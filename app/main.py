@@ -371,9 +371,23 @@ def create_app(
     for kind in (*UNAVAILABLE, ServiceUnavailable):
         app.add_exception_handler(kind, database_unavailable)
 
-    # Innermost first: the gate's hot path is answered within the body limit and the request id.
-    app.add_middleware(agent.AgentHotPaths)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(RequestId)
-    app.add_middleware(AnswerCancelled, drain=app.state.drain)
+    app.middleware_stack = _with_edge(app, settings)
     return app
+
+
+def _with_edge(app: FastAPI, settings: Settings) -> ASGIApp:
+    """``app``'s middleware stack inside Signoff's own middlewares, built once the app is
+    complete (a middleware added later is refused, as Starlette refuses one once serving).
+
+    Starlette puts the middlewares an app adds inside FastAPI's own (its error page, its
+    telemetry, its body limit); these go outside them, so a parked long-poll and every gated
+    call skip those layers, a coroutine frame or two each held for as long as an agent waits
+    (1.1 KiB of a parked waiter). Their errors are answered by the app's exception handlers
+    (:class:`signoff.app.routers.agent.AgentHotPaths`); one that none answers reaches uvicorn,
+    which logs it and answers 500, as FastAPI's error layer would. Innermost first: the
+    agents' hot paths are answered within the body limit, the request id and the drain.
+    """
+    stack: ASGIApp = agent.AgentHotPaths(app.build_middleware_stack())
+    stack = BodyLimit(stack, limit=settings.max_body_bytes)
+    stack = RequestId(stack)
+    return AnswerCancelled(stack, drain=app.state.drain)

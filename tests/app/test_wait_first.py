@@ -18,7 +18,7 @@ from signoff.app.keys import create_key, revoke_keys
 from signoff.app.main import create_app
 from signoff.app.operators import decide
 from signoff.app.routers import agent as agent_router
-from signoff.app.routers.agent import AgentHotPaths, answer_wait
+from signoff.app.routers.agent import answer_wait
 from signoff.app.runtime import Runtime
 from signoff.channels import Verdict
 from tests.waiting import eventually
@@ -27,9 +27,10 @@ HEADERS = ("content-type", "retry-after", "www-authenticate")
 
 
 def _routed_only(runtime: Runtime) -> FastAPI:
-    """The app without the hot paths' middleware: the route answers."""
+    """The app without Signoff's own middlewares, the hot paths among them: the route answers
+    (the others add a request id and answer bodies and cancellations, none of a wait's)."""
     app = create_app(runtime, background=False)
-    app.user_middleware = [m for m in app.user_middleware if m.cls is not AgentHotPaths]
+    app.middleware_stack = app.build_middleware_stack()
     return app
 
 
