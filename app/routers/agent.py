@@ -427,6 +427,8 @@ async def read_request(request_id: str, agent: AgentDep, runtime: RuntimeDep) ->
 
 
 _WAIT_PREFIX, _WAIT_SUFFIX = "/v1/requests/", "/wait"
+WAIT_SECONDS = 30.0
+"""How long a wait lasts when it does not say."""
 _TIMEOUT = TypeAdapter(Annotated[float, Field(ge=0, le=60)])
 """``timeout`` as :func:`wait_request` declares it (the route's ``Query``)."""
 
@@ -452,20 +454,24 @@ async def answer_wait(scope: Scope, request_id: str) -> bytes:
     runtime: Runtime = scope["app"].state.runtime
     authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
     agent = await agent_for(runtime, bearer_token(authorization.decode("latin-1") if authorization else None))
-    timeout = 30.0
-    query = scope.get("query_string", b"")
-    if b"timeout" in query:
-        given = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True))  # the last of each
-        if "timeout" in given:
-            try:
-                timeout = _TIMEOUT.validate_python(given["timeout"])
-            except ValidationError as exc:
-                errors = exc.errors(include_url=False)
-                raise RequestValidationError(
-                    [{**e, "loc": ("query", "timeout", *e["loc"])} for e in errors]
-                ) from None
-    current = await wait_for(runtime, agent, request_id, timeout)
+    current = await wait_for(runtime, agent, request_id, _timeout_param(scope.get("query_string", b"")))
     return current.__pydantic_serializer__.to_json(current)
+
+
+def _timeout_param(query: bytes) -> float:
+    """The wait's ``timeout`` from its query string, validated as FastAPI validates it
+    (parsed apart from the wait, which holds nothing of it while parked)."""
+    # the last of each, as Starlette reads them
+    given = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if b"timeout" in query else {}
+    if "timeout" not in given:
+        return WAIT_SECONDS
+    try:
+        timeout: float = _TIMEOUT.validate_python(given["timeout"])
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        located = [{**e, "loc": ("query", "timeout", *e["loc"])} for e in errors]
+        raise RequestValidationError(located) from None
+    return timeout
 
 
 @router.get("/requests/{request_id}/wait", response_model=RequestOut, responses=ERRORS)
@@ -473,7 +479,9 @@ async def wait_request(
     request_id: str,
     agent: AgentDep,
     runtime: RuntimeDep,
-    timeout: Annotated[float, Query(ge=0, le=60, description="Seconds to wait at most (≤ 60).")] = 30,
+    timeout: Annotated[
+        float, Query(ge=0, le=60, description="Seconds to wait at most (≤ 60).")
+    ] = WAIT_SECONDS,
 ) -> RequestOut:
     """Return as soon as the request is decided, or after ``timeout`` with its current state.
     While this server is stopping, an undecided request is answered 503 with ``Retry-After``
