@@ -51,3 +51,19 @@ async def test_a_middleware_added_after_the_app_is_built_is_refused(runtime: Run
     app = create_app(runtime, background=False)
     with pytest.raises(RuntimeError, match="Cannot add middleware"):
         app.add_middleware(BaseHTTPMiddleware)
+
+
+async def test_a_500_from_a_route_carries_its_request_id(runtime: Runtime) -> None:
+    """FastAPI's error layer now answers inside the request id's: an operator can find the
+    log lines of the request that failed."""
+    app = create_app(runtime, background=False)
+
+    @app.get("/fails")
+    async def fails() -> None:
+        raise RuntimeError("a bug")
+
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as http:
+        r = await http.get("/fails", headers={"X-Request-ID": "trace-7"})
+    assert r.status_code == 500
+    assert r.headers["x-request-id"] == "trace-7"
