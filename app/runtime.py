@@ -367,8 +367,8 @@ class Runtime:
         commit lag; this process's own were counted at their commit and are not counted twice.
 
         A decision younger than ``settle`` seconds is left to the next run: it may be this
-        process's own, committed but not yet counted (its commit, synced on a worker thread,
-        is visible here before the task that made it has run its after-commit work)."""
+        process's own, committed but not yet counted (its commit is visible here before the
+        task that made it has run its after-commit work)."""
         started = utcnow()
         settled = started - timedelta(seconds=settle)
         since = (self.decisions_since or self.loaded_at) - timedelta(seconds=overlap)

@@ -38,8 +38,11 @@ WRITTEN_FOR = {"aiosqlite": "0.22", "sqlalchemy": "2.1"}
 """The release series (``major.minor``) whose internals this module uses, by distribution."""
 
 SLOW_SECONDS = 0.002
+"""How long one SQLite call may hold the event loop."""
 _SLOW: set[str] = set()
 """SQL texts seen to take longer than SLOW_SECONDS inline (at most 1000 remembered)."""
+COMMIT_WEIGHT = 0.125
+"""The weight of the latest commit in a writer's running average of its commits' duration."""
 BUSY_TIMEOUT_MS = 30_000
 CHECKPOINT_EVERY = 200
 """Commits between WAL checkpoints of a writer connection (SQLite's own default is ~1000 pages)."""
@@ -87,9 +90,13 @@ class InlineSQLite(aiosqlite.Connection):
       for up to :data:`BUSY_TIMEOUT_MS`. Once it has begun, nothing in the
       transaction waits for a lock;
     - a writer's ``COMMIT`` (no automatic checkpoint, see below) syncs the WAL under
-      ``synchronous=FULL``, so it runs on the worker thread and the event loop serves
-      others meanwhile; under ``normal`` (:data:`Sync`) it only appends to the WAL
-      without syncing, inline;
+      ``synchronous=FULL``. It runs inline while commits take less than :data:`SLOW_SECONDS`
+      on average (:data:`COMMIT_WEIGHT`): on a disk that syncs in a fraction of a
+      millisecond the hand-off to the worker thread and back costs more than the sync
+      (pending creation a fifth faster inline, ``docs/benchmarks.md``). Once they take
+      longer (a slow disk), commits run on the worker thread, timed there, and the event loop
+      serves others meanwhile, until their average falls below it again. Under ``normal``
+      (:data:`Sync`) a commit only appends to the WAL, inline;
     - a statement that once took longer than :data:`SLOW_SECONDS` inline (a table
       scan, not a look-up) runs on the worker thread from then on;
     - the writer checkpoints the WAL (``PASSIVE``: it never waits) on the worker
@@ -106,6 +113,8 @@ class InlineSQLite(aiosqlite.Connection):
         self.writer = writer
         self.sync = sync
         self._commits = 0
+        self.commit_seconds = 0.0
+        """The running average of this connection's commits' duration (see the class)."""
 
     async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self._connection is None or not self._running:
@@ -129,10 +138,10 @@ class InlineSQLite(aiosqlite.Connection):
                     raise
             return await super()._execute(self._begin_waiting, fn, args)  # type: ignore[no-untyped-call]
         if kind == "commit" and self.writer:
-            if self.sync == "full":
-                await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+            if self.sync == "full" and self.commit_seconds >= SLOW_SECONDS:
+                await super()._execute(self._timed, fn, *args, **kwargs)  # type: ignore[no-untyped-call]
             else:
-                fn(*args, **kwargs)
+                self._timed(fn, *args, **kwargs)
             self._commits += 1
             if self._commits % CHECKPOINT_EVERY == 0:
                 await super()._execute(self._checkpoint)  # type: ignore[no-untyped-call]
@@ -148,6 +157,12 @@ class InlineSQLite(aiosqlite.Connection):
             return None
         future: asyncio.Future[Any] | None = super().stop()
         return future
+
+    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Commit (``fn``), counting its duration into :attr:`commit_seconds`."""
+        started = time.perf_counter()
+        fn(*args, **kwargs)
+        self.commit_seconds += (time.perf_counter() - started - self.commit_seconds) * COMMIT_WEIGHT
 
     def _begin_waiting(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         conn = self._conn

@@ -103,3 +103,61 @@ async def test_a_connection_closed_after_it_was_stopped_does_not_wait_for_ever(t
     assert await query is True
     await asyncio.wait_for(asyncio.to_thread(conn._thread.join, 5), 6)
     assert not conn._thread.is_alive()
+
+
+class _Clock:
+    """``time`` for signoff.app.sqlite whose ``perf_counter`` moves 50 µs a reading: each timed
+    commit takes 50 µs, however long the disk took."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.00005
+        return self.now
+
+
+async def test_a_writer_commits_on_the_event_loop_while_commits_are_fast_and_on_its_thread_while_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast sync costs less than the hand-off to the worker thread and back; a slow disk must
+    not hold the event loop. Commits on the thread are timed there, so they come back to the
+    loop once the disk is fast again."""
+    threads: list[int] = []
+    timed = sqlite.InlineSQLite._timed
+
+    def recording(self: sqlite.InlineSQLite, fn: object, *args: object) -> None:
+        threads.append(threading.get_ident())
+        timed(self, fn, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite.InlineSQLite, "_timed", recording)
+    monkeypatch.setattr(sqlite, "time", _Clock())
+    connect = sqlite._inline_connector(f"sqlite:///{tmp_path / 'x.db'}", writer=True, sync="full")
+    conn = await connect()
+    assert isinstance(conn, sqlite.InlineSQLite)
+    loop_thread = threading.get_ident()
+
+    async def commit_one(n: int) -> int:
+        await conn.execute("BEGIN IMMEDIATE")
+        await conn.execute("INSERT INTO t VALUES (?)", (n,))
+        await conn.commit()
+        return threads[-1]
+
+    try:
+        await conn.execute("CREATE TABLE t (x INTEGER)")
+        await conn.commit()
+        assert await commit_one(1) == loop_thread
+        slow = 10 * sqlite.SLOW_SECONDS  # as after a run of slow syncs
+        conn.commit_seconds = slow
+        assert await commit_one(2) != loop_thread
+        assert conn.commit_seconds == pytest.approx(slow + (0.00005 - slow) * sqlite.COMMIT_WEIGHT)
+        places = [await commit_one(n) for n in range(3, 60)]
+        back = places.index(loop_thread)  # raises if the fast commits never came back
+        assert back > 5, "one fast commit does not outweigh a run of slow ones"
+        assert all(p != loop_thread for p in places[:back])
+        assert all(p == loop_thread for p in places[back:])
+        rows = await (await conn.execute("SELECT count(*) FROM t")).fetchone()
+        assert rows is not None
+        assert rows[0] == 59
+    finally:
+        await conn.close()
