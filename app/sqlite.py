@@ -100,10 +100,15 @@ class InlineSQLite(aiosqlite.Connection):
     - a statement that once took longer than :data:`SLOW_SECONDS` inline (a table
       scan, not a look-up) runs on the worker thread from then on;
     - the writer checkpoints the WAL (``PASSIVE``: it never waits) on the worker
-      thread every :data:`CHECKPOINT_EVERY` commits, so the event loop never does
-      that file I/O; pragmas and closing also go to the thread.
+      thread after every :data:`CHECKPOINT_EVERY` commits, before its next ``BEGIN``, so
+      the event loop never does that file I/O and a checkpoint that fails (a full disk
+      cannot grow the main file) is logged, never taken for the commit's failure;
+      pragmas and closing also go to the thread.
 
-    One session uses a connection at a time, so the two threads never use it at once.
+    One session uses a connection at a time, and a call handed to the worker thread is
+    waited for to its end, even by a task cancelled meanwhile (:meth:`_on_thread`), so the
+    two threads never use it at once, and a ``COMMIT`` the thread ran is reported as it
+    ended.
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class InlineSQLite(aiosqlite.Connection):
         self.writer = writer
         self.sync = sync
         self._commits = 0
+        self._checkpoint_due = False
         self.commit_seconds = 0.0
         """The running average of this connection's commits' duration (see the class)."""
 
@@ -122,7 +128,7 @@ class InlineSQLite(aiosqlite.Connection):
         kind = _kind(fn, args)
         if kind == "inline":
             if args and args[0] in _SLOW:
-                return await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+                return await self._on_thread(partial(fn, *args, **kwargs))
             started = time.perf_counter()
             result = fn(*args, **kwargs)
             slow = time.perf_counter() - started > SLOW_SECONDS
@@ -131,22 +137,45 @@ class InlineSQLite(aiosqlite.Connection):
                 _SLOW.add(args[0])
             return result
         if kind == "begin" and self.writer:
+            if self._checkpoint_due:
+                self._checkpoint_due = False
+                await self._checkpoint()
             try:
                 return fn(*args, **kwargs)
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
                     raise
-            return await super()._execute(self._begin_waiting, fn, args)  # type: ignore[no-untyped-call]
+            return await self._on_thread(self._begin_waiting, fn, args)
         if kind == "commit" and self.writer:
             if self.sync == "full" and self.commit_seconds >= SLOW_SECONDS:
-                await super()._execute(self._timed, fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+                await self._on_thread(partial(self._timed, fn, *args, **kwargs), commit=True)
             else:
                 self._timed(fn, *args, **kwargs)
             self._commits += 1
-            if self._commits % CHECKPOINT_EVERY == 0:
-                await super()._execute(self._checkpoint)  # type: ignore[no-untyped-call]
+            self._checkpoint_due = self._commits % CHECKPOINT_EVERY == 0
             return None
-        return await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+        return await self._on_thread(partial(fn, *args, **kwargs))
+
+    async def _on_thread(self, fn: Callable[..., Any], *args: Any, commit: bool = False) -> Any:
+        """``fn`` on the worker thread, waited for to its end even by a task cancelled
+        meanwhile, so the loop's thread never uses the connection while the worker does (a
+        rollback would block the event loop until the worker's call ended). The cancellation
+        then goes on as it came, unless the call was a ``COMMIT``: a commit is reported as it
+        ended (a durable decision is not taken for a failed one, and the agents waiting on
+        it are woken) and the cancellation delivered at the task's next ``await``."""
+        call = asyncio.ensure_future(super()._execute(fn, *args))  # type: ignore[no-untyped-call]
+        cancelled = False
+        while not call.done():
+            try:
+                await asyncio.wait((call,))
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled and not commit:
+            raise asyncio.CancelledError
+        if cancelled and (task := asyncio.current_task()) is not None:
+            task.uncancel()
+            task.cancel()  # once more, now that the commit has ended
+        return call.result()
 
     def stop(self) -> asyncio.Future[Any] | None:
         """Stop the worker thread once. A second stop would queue its answer behind the
@@ -172,7 +201,20 @@ class InlineSQLite(aiosqlite.Connection):
         finally:
             conn.execute("PRAGMA busy_timeout=0")
 
-    def _checkpoint(self) -> None:
+    async def _checkpoint(self) -> None:
+        """Checkpoint the WAL, before the writer's next transaction begins. It only bounds the
+        WAL's growth: a failure is logged, and the next is tried :data:`CHECKPOINT_EVERY`
+        commits later."""
+        try:
+            await self._on_thread(self._checkpoint_now)
+        except sqlite3.Error as exc:
+            log.warning(
+                "SQLite: checkpointing the WAL failed (%s); the WAL grows until one succeeds: "
+                "free disk space if the disk is full",
+                exc,
+            )
+
+    def _checkpoint_now(self) -> None:
         self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
 
 

@@ -7,18 +7,26 @@ import asyncio
 import re
 import sqlite3
 import threading
+import time
 import tomllib
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
 import aiosqlite
+import httpx
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 from sqlalchemy.util.queue import AsyncAdaptedQueue
 
 from signoff.app import sqlite
-from signoff.app.db import create_engine
+from signoff.app.db import create_engine, transaction
+from signoff.app.operators import decide
+from signoff.app.runtime import Runtime
+from signoff.channels import Verdict
+from tests.conftest import in_process_http
+from tests.waiting import eventually
 
 
 def test_the_installed_libraries_are_the_releases_the_sqlite_tweaks_were_written_for() -> None:
@@ -161,3 +169,126 @@ async def test_a_writer_commits_on_the_event_loop_while_commits_are_fast_and_on_
         assert rows[0] == 59
     finally:
         await conn.close()
+
+
+# A commit that succeeded is reported as it ended ----------------------------------------------
+
+CALL = {"tool_name": "pay_x", "arguments": {"amount": 90000}}
+
+
+async def _pending_and_its_waiter(
+    runtime: Runtime, http: httpx.AsyncClient, key: str
+) -> tuple[str, asyncio.Task[httpx.Response]]:
+    headers = {"Authorization": f"Bearer {key}"}
+    r = await http.post("/v1/hooks/pre-tool-use", json=CALL, headers=headers)
+    assert r.json()["decision"] == "pending", r.text
+    rid = r.json()["request_id"]
+    waiter = asyncio.create_task(
+        http.get(f"/v1/requests/{rid}/wait", params={"timeout": 20}, headers=headers)
+    )
+    await eventually(lambda: runtime.hub.waiting == 1)
+    return rid, waiter
+
+
+async def _approve(runtime: Runtime, rid: str) -> None:
+    async with transaction(runtime.sessions) as session:
+        await decide(session, rid, verdict=Verdict.APPROVE, operator="alice", config=runtime.config)
+
+
+async def _statuses(runtime: Runtime) -> list[str]:
+    async with transaction(runtime.sessions) as session:
+        return [
+            str(s) for s in (await session.exec(sa.text("SELECT status FROM confirmation_request"))).scalars()
+        ]
+
+
+@pytest.mark.parametrize("checkpoint", ["fails", "is cancelled"])
+async def test_a_checkpoint_never_turns_a_durable_decision_into_a_failed_one(
+    runtime: Runtime,
+    agent_key: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    checkpoint: str,
+) -> None:
+    """The WAL's checkpoint (a full disk cannot grow the main file; a stop cancels the task
+    waiting for it) runs before the writer's next transaction, not as part of a commit: the
+    decision is answered as committed and its agent woken."""
+    monkeypatch.setattr(sqlite, "CHECKPOINT_EVERY", 1)
+    started = threading.Event()
+
+    def checkpoint_now(self: sqlite.InlineSQLite) -> None:
+        started.set()
+        if checkpoint == "fails":
+            raise sqlite3.OperationalError("database or disk is full")
+        time.sleep(0.3)
+
+    async with in_process_http(runtime) as http:
+        rid, waiter = await _pending_and_its_waiter(runtime, http, agent_key)
+        monkeypatch.setattr(sqlite.InlineSQLite, "_checkpoint_now", checkpoint_now)
+        if checkpoint == "fails":
+            await _approve(runtime, rid)  # the checkpoint owed by the pending request's commit fails first
+            assert "checkpointing the WAL failed (database or disk is full)" in caplog.text
+        else:
+            deciding = asyncio.create_task(_approve(runtime, rid))
+            await eventually(started.is_set)
+            deciding.cancel()  # while the checkpoint owed runs: before the decision begins
+            with pytest.raises(asyncio.CancelledError):
+                await deciding
+            assert await _statuses(runtime) == ["pending"]
+            assert not waiter.done()
+            monkeypatch.undo()
+            await _approve(runtime, rid)
+        woken = await asyncio.wait_for(waiter, 5)
+    assert woken.json()["status"] == "approved"
+    assert await _statuses(runtime) == ["approved"]
+
+
+async def test_a_commit_on_the_thread_ends_as_the_database_says_for_a_task_cancelled_meanwhile(
+    runtime: Runtime, agent_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a slow disk a commit runs on the connection's thread; the task waiting for it may be
+    cancelled (a stop's end) while the disk syncs. The commit ends; its agent is woken at once,
+    and the event loop never runs a rollback on the connection the thread is committing on."""
+    monkeypatch.setattr(sqlite, "SLOW_SECONDS", -1.0)  # every commit on the thread
+    timed = sqlite.InlineSQLite._timed
+    syncing = threading.Event()
+
+    def slow_sync(self: sqlite.InlineSQLite, fn: Callable[..., object], *args: object) -> None:
+        syncing.set()
+        time.sleep(0.3)
+        timed(self, fn, *args)
+
+    async with in_process_http(runtime) as http:
+        rid, waiter = await _pending_and_its_waiter(runtime, http, agent_key)
+        monkeypatch.setattr(sqlite.InlineSQLite, "_timed", slow_sync)
+        deciding = asyncio.create_task(_approve(runtime, rid))
+        await eventually(syncing.is_set)
+        deciding.cancel()
+        with pytest.raises(asyncio.CancelledError):  # the cancellation, after the commit
+            await deciding
+        assert waiter.done(), "the commit's agent was not woken by it"
+        woken = await waiter
+    assert woken.json()["status"] == "approved"
+    assert await _statuses(runtime) == ["approved"]
+
+
+async def test_a_gated_call_is_answered_pending_once_whatever_the_checkpoint_after_it(
+    runtime: Runtime, agent_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call answered 503 would be sent again by the agent's client: a second request, a
+    second card for the same call."""
+    monkeypatch.setattr(sqlite, "CHECKPOINT_EVERY", 1)
+
+    def full_disk(self: sqlite.InlineSQLite) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(sqlite.InlineSQLite, "_checkpoint_now", full_disk)
+    headers = {"Authorization": f"Bearer {agent_key}"}
+    async with in_process_http(runtime) as http:
+        first = await http.post("/v1/hooks/pre-tool-use", json=CALL, headers=headers)
+        second = await http.post(
+            "/v1/hooks/pre-tool-use", json={**CALL, "arguments": {"amount": 90001}}, headers=headers
+        )
+    assert [first.status_code, second.status_code] == [200, 200]
+    assert [first.json()["decision"], second.json()["decision"]] == ["pending", "pending"]
+    assert await _statuses(runtime) == ["pending", "pending"]
