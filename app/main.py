@@ -376,8 +376,9 @@ def create_app(
 
 
 def _with_edge(app: FastAPI, settings: Settings) -> ASGIApp:
-    """``app``'s middleware stack inside Signoff's own middlewares, built once the app is
-    complete (a middleware added later is refused, as Starlette refuses one once serving).
+    """``app``'s middleware stack inside Signoff's own middlewares (a middleware added later
+    is refused, as Starlette refuses one once serving; FastAPI's own stack is built at the
+    first request that reaches it, with the exception handlers the app has by then).
 
     Starlette puts the middlewares an app adds inside FastAPI's own (its error page, its
     telemetry, its body limit); these go outside them, so a parked long-poll and every gated
@@ -387,7 +388,22 @@ def _with_edge(app: FastAPI, settings: Settings) -> ASGIApp:
     which logs it and answers 500, as FastAPI's error layer would. Innermost first: the
     agents' hot paths are answered within the body limit, the request id and the drain.
     """
-    stack: ASGIApp = agent.AgentHotPaths(app.build_middleware_stack())
+    stack: ASGIApp = agent.AgentHotPaths(_FastAPIStack(app))
     stack = BodyLimit(stack, limit=settings.max_body_bytes)
     stack = RequestId(stack)
     return AnswerCancelled(stack, drain=app.state.drain)
+
+
+class _FastAPIStack:
+    """FastAPI's own middleware stack (its error page, its exception handlers, its router),
+    built at the first request, as Starlette builds an app's stack: an exception handler
+    registered after :func:`create_app` and before serving counts."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+        self._stack: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._stack is None:
+            self._stack = self._app.build_middleware_stack()
+        await self._stack(scope, receive, send)

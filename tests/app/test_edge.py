@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from fastapi.responses import JSONResponse
 from starlette.middleware.base import BaseHTTPMiddleware
 
 from signoff.app.main import create_app
@@ -67,3 +68,30 @@ async def test_a_500_from_a_route_carries_its_request_id(runtime: Runtime) -> No
         r = await http.get("/fails", headers={"X-Request-ID": "trace-7"})
     assert r.status_code == 500
     assert r.headers["x-request-id"] == "trace-7"
+
+
+class _Late(Exception):
+    pass
+
+
+async def test_an_exception_handler_registered_after_create_app_answers_for_the_routes(
+    runtime: Runtime,
+) -> None:
+    """FastAPI's own stack is built at the first request, as Starlette builds one: a handler
+    registered before serving answers a route's error as the hot paths' errors are answered
+    (they look handlers up as they go)."""
+    app = create_app(runtime, background=False)
+
+    async def late(request: object, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": "late"}, status_code=409)
+
+    app.add_exception_handler(_Late, late)
+
+    @app.get("/late")
+    async def raises() -> None:
+        raise _Late
+
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as http:
+        r = await http.get("/late")
+    assert (r.status_code, r.json()) == (409, {"detail": "late"})
