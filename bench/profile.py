@@ -58,6 +58,8 @@ def main() -> None:
     p.add_argument("--gil", action="store_true", help="only samples holding the GIL (CPU in Python)")
     args = p.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        sys.exit("bench.profile needs py-spy, which is not installed: pip install py-spy (in this virtualenv)")
     with running_server(args.db) as s, tempfile.TemporaryDirectory() as tmp:
         raw = args.out or Path(tmp) / "raw.txt"
         body = ALLOW_BODY if args.path == "allow" else PENDING_BODY
