@@ -59,7 +59,7 @@ def main() -> None:
     args = p.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
-        sys.exit("bench.profile needs py-spy, which is not installed: pip install py-spy (in this virtualenv)")
+        sys.exit("bench.profile needs py-spy, which is not installed: pip install py-spy (into this venv)")
     with running_server(args.db) as s, tempfile.TemporaryDirectory() as tmp:
         raw = args.out or Path(tmp) / "raw.txt"
         body = ALLOW_BODY if args.path == "allow" else PENDING_BODY
