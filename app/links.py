@@ -17,10 +17,9 @@ from datetime import datetime
 from typing import Literal
 
 from signoff.app.bodies import without_unstorable
-from signoff.app.config import identity_key
 from signoff.app.models import Status
 from signoff.app.requests.cards import build_card
-from signoff.app.requests.eligibility import Voter, gates_of
+from signoff.app.requests.eligibility import Voter, gates_of, same_voter
 from signoff.app.requests.states import get_request
 from signoff.app.requests.tally import votes_for
 from signoff.app.requests.votes import describe_decided
@@ -107,9 +106,9 @@ async def _open(runtime: Runtime, text: str, now: datetime) -> _Opened | LinkPag
         return _Opened(token, card, describe_decided(req), recipient)
     if req.expires_at <= now:
         return _Opened(token, card, "This request has already expired.", recipient)
-    key = Voter(token.channel, token.recipient, person=person).key
+    voter = Voter(token.channel, token.recipient, person=person)
     here = {i for i, g in enumerate(gates_of(req)) if g.channel == token.channel}
-    mine = [v for v in votes if v.gate in here and identity_key(v.voter) == identity_key(key)]
+    mine = [v for v in votes if v.gate in here and same_voter(v, voter, config)]
     if mine:
         verdict = "approved" if mine[0].verdict == Verdict.APPROVE.value else "rejected"
         return _Opened(

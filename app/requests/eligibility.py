@@ -24,7 +24,11 @@ ways, and never to the voter's advantage:
   profile's email may be the clicker's to edit;
 - being the **requester** takes everything that names the voter (that id, any directory
   entry it or their looked-up email recognises, the raw id and email themselves), so no
-  second spelling or second account with the same email approves its own call.
+  second spelling or second account with the same email approves its own call;
+- a **vote already cast** is the voter's by their directory key, by the same account on a
+  channel of the same type (a card and its escalation in another conversation of one
+  workspace), or by the identity provider's subject (an email changed at the provider):
+  one person's votes never count twice toward a quorum (:func:`same_voter`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, identity_key
-from signoff.app.models import ConfirmationRequest
+from signoff.app.models import ConfirmationRequest, Vote
 from signoff.channels import Assurance, GrantChoice, below
 
 __all__ = [
@@ -57,6 +61,7 @@ __all__ = [
     "is_not_yet",
     "is_requester",
     "not_yet",
+    "same_voter",
 ]
 
 NOT_HERE = "This request's card was not posted here, so a click here does not count."
@@ -199,6 +204,35 @@ class Voter:
     @property
     def actor(self) -> Actor:
         return Actor(self.channel, self.user_id, self.name or self.person)
+
+
+def _channel_kind(channel: str, config: SignoffConfig) -> str:
+    """The type of channel ``channel`` (its name for one not configured, ``web`` among them)."""
+    known = config.channels.get(channel)
+    return known.type if known is not None else channel
+
+
+def _subject(identity: Mapping[str, object] | None) -> tuple[object, str] | None:
+    """(issuer, subject) of an identity the provider vouched for, or None."""
+    subject = (identity or {}).get("subject")
+    return ((identity or {}).get("issuer"), subject) if isinstance(subject, str) and subject else None
+
+
+def same_voter(vote: Vote, voter: Voter, config: SignoffConfig) -> bool:
+    """Whether ``vote`` was cast by ``voter`` (see the module): under the same key, from the
+    same account on a channel of the same type, or by the same subject of the same identity
+    provider, each in any spelling."""
+    if identity_key(vote.voter) == identity_key(voter.key):
+        return True
+    account = identity_key(voter.user_id)
+    if (
+        account
+        and identity_key(vote.user_id or "") == account
+        and _channel_kind(vote.channel or "", config) == _channel_kind(voter.channel, config)
+    ):
+        return True
+    subject = _subject(voter.identity)
+    return subject is not None and subject == _subject(vote.identity)
 
 
 def _names(voter: Voter, config: SignoffConfig) -> tuple[set[str], set[str]]:

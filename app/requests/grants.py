@@ -233,6 +233,7 @@ async def create_for_approval(
 
 def _grantor(vote: Vote) -> dict[str, Any]:
     person = vote.voter if ":" not in vote.voter else None
+    subject = (vote.identity or {}).get("subject")
     return {
         "voter": vote.voter,
         "person": person,
@@ -240,6 +241,8 @@ def _grantor(vote: Vote) -> dict[str, Any]:
         "user_id": vote.user_id,
         "name": vote.name,
         "email": vote.email,
+        # The identity provider's subject names the grantor too: a call made for it is theirs.
+        "aliases": [subject] if isinstance(subject, str) and subject else [],
     }
 
 
@@ -262,6 +265,7 @@ def covers(grant: Grant, gate: ConfirmationGate, call: HookContext, config: Sign
                 user_id=str(grantor.get("user_id", "")),
                 person=grantor.get("person"),
                 email=grantor.get("email"),
+                aliases=tuple(str(a) for a in grantor.get("aliases") or ()),
             )
             if is_requester(requesters, voter, config):
                 return False

@@ -16,12 +16,19 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
-from signoff.app.config import SignoffConfig, identity_key
+from signoff.app.config import SignoffConfig
 from signoff.app.db import core_row, insert_unless_taken
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.requests import edits, grants
 from signoff.app.requests.activity import gate_names, log_after_commit
-from signoff.app.requests.eligibility import NOT_AN_APPROVER, GateSnapshot, Voter, eligible_gates, gates_of
+from signoff.app.requests.eligibility import (
+    NOT_AN_APPROVER,
+    GateSnapshot,
+    Voter,
+    eligible_gates,
+    gates_of,
+    same_voter,
+)
 from signoff.app.requests.states import expire, get_request, queue_updates, transition
 from signoff.app.requests.tally import approvals_by_gate, forget, per_gate, votes_for
 from signoff.channels import ClickAnswer, GrantChoice, Verdict, changes_text, edit_problem
@@ -72,10 +79,11 @@ def _decided_answer(req: ConfirmationRequest) -> ClickAnswer:
     return ClickAnswer.GONE if req.status in _GONE else ClickAnswer.CONFLICT
 
 
-async def _own_votes(session: AsyncSession, request_id: str, voter: Voter) -> list[Vote]:
-    """The votes ``voter`` (by their key, in any spelling) cast on request ``request_id``."""
-    key = identity_key(voter.key)
-    return [v for v in await votes_for(session, request_id) if identity_key(v.voter) == key]
+async def _own_votes(
+    session: AsyncSession, request_id: str, voter: Voter, config: SignoffConfig
+) -> list[Vote]:
+    """The votes ``voter`` cast on request ``request_id`` (:func:`same_voter`)."""
+    return [v for v in await votes_for(session, request_id) if same_voter(v, voter, config)]
 
 
 def _same_decision(votes: Sequence[Vote], verdict: Verdict, grant: GrantChoice | None) -> bool:
@@ -169,7 +177,7 @@ async def apply_vote(
         # The callback contract: the same person's same decision again is answered with the
         # decision as it stands; anything else names the final state and who made it.
         if req.status not in _GONE and _same_decision(
-            await _own_votes(session, request_id, voter), verdict, grant
+            await _own_votes(session, request_id, voter, config), verdict, grant
         ):
             return await answered(_repeat_message(req, verdict), ClickAnswer.REPEATED)
         return await answered(describe_decided(req), _decided_answer(req))
@@ -204,12 +212,21 @@ async def apply_vote(
         if why_not is not None:
             return await refuse(why_not, unprocessable=True)
 
-    # One row per gate the vote counts for; a gate this voter already voted on keeps that vote.
+    # One row per gate the vote counts for; a gate this voter already voted on keeps that vote,
+    # whatever channel or spelling it came through. (A lone gate of quorum one took no vote
+    # before this one: any vote decides it.)
+    quorums = [g.quorum for g in gates]
+    voted_on = (
+        set() if quorums == [1] else {v.gate for v in await _own_votes(session, request_id, voter, config)}
+    )
     counted = [
-        i for i in eligible if await _insert_vote(session, request_id, i, voter, verdict, reason, grant, now)
+        i
+        for i in eligible
+        if i not in voted_on
+        and await _insert_vote(session, request_id, i, voter, verdict, reason, grant, now)
     ]
     if not counted:
-        mine = [v for v in await _own_votes(session, request_id, voter) if v.gate in eligible]
+        mine = [v for v in await _own_votes(session, request_id, voter, config) if v.gate in eligible]
         if _same_decision(mine, verdict, grant):
             return await answered(_repeat_message(req, verdict), ClickAnswer.REPEATED)
         return await answered("You have already voted on this request.", ClickAnswer.CONFLICT)
@@ -233,7 +250,6 @@ async def apply_vote(
         )
         return VoteResult(True, f"Rejected by {decided_by.name or decided_by.id}.", req, decided=True)
 
-    quorums = [g.quorum for g in gates]
     # One gate with a quorum of one: this vote is the approval (the request was pending, under lock).
     if quorums == [1]:
         approvals = [1]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from signoff.app.config import ConfigError, SignoffConfig, identity_key, parse_config
+from signoff.app.models import Vote
 from signoff.app.requests.eligibility import (
     NOT_AN_APPROVER,
     NOT_HERE,
@@ -18,6 +20,7 @@ from signoff.app.requests.eligibility import (
     eligible_gates,
     gate_refusal,
     is_requester,
+    same_voter,
 )
 
 KEYS = st.from_regex(r"[a-z][a-z0-9_.-]{0,11}", fullmatch=True)
@@ -229,3 +232,58 @@ def test_a_vote_counts_for_exactly_the_gates_of_its_card_the_voter_may_approve(
         ]
         assert eligible == expected, (voter, gates)
         assert (why is None) == bool(expected)
+
+
+_TWO_WORKSPACE_CHANNELS = {
+    "channels": {
+        "ops": {"type": "slack", "bot_token": "xoxb-1", "signing_secret": "s", "channel": "C0OPS"},
+        "pager": {"type": "slack", "bot_token": "xoxb-1", "signing_secret": "s", "channel": "C0PAGER"},
+        "mail": {"type": "email", "smtp_url": "smtp://127.0.0.1:25?starttls=false", "from": "s@example.com"},
+    }
+}
+
+
+def _vote(voter: Voter) -> Vote:
+    """The row ``voter``'s vote is recorded as."""
+    return Vote(
+        request_id="r",
+        gate=0,
+        voter=voter.key,
+        verdict="approve",
+        channel=voter.channel,
+        user_id=voter.user_id,
+        identity=dict(voter.identity or {}),
+        created_at=datetime.now(UTC),
+    )
+
+
+@given(st.from_regex(r"[UW][A-Z0-9]{2,10}", fullmatch=True), st.data())
+def test_one_account_is_one_voter_on_every_channel_of_its_type_in_any_spelling(
+    account: str, data: st.DataObject
+) -> None:
+    """A card and its escalation in another conversation of one workspace: two clicks of one
+    person are one vote, however the platform spells the id."""
+    config = parse_config(_TWO_WORKSPACE_CHANNELS, source="test.yaml")
+    first = Voter(channel=data.draw(st.sampled_from(["ops", "pager"])), user_id=account)
+    again = Voter(channel=data.draw(st.sampled_from(["ops", "pager"])), user_id=data.draw(spellings(account)))
+    assert same_voter(_vote(first), again, config)
+    other = data.draw(st.from_regex(r"[UW][A-Z0-9]{2,10}", fullmatch=True))
+    assume(identity_key(other) != identity_key(account))
+    assert not same_voter(_vote(first), Voter(channel=again.channel, user_id=other), config)
+    # An id of another platform is another account, whatever its spelling.
+    assert not same_voter(_vote(first), Voter(channel="mail", user_id=account), config)
+
+
+@given(st.emails(), st.emails())
+def test_one_subject_of_the_identity_provider_is_one_voter_whatever_their_email(
+    before: str, after: str
+) -> None:
+    config = parse_config({}, source="test.yaml")
+
+    def signed_in(email: str, subject: str) -> Voter:
+        identity = {"via": "console", "issuer": "https://idp.example", "subject": subject}
+        return Voter(channel="web", user_id=email, identity=identity, aliases=(subject,))
+
+    assert same_voter(_vote(signed_in(before, "sub-dana")), signed_in(after, "sub-dana"), config)
+    assume(identity_key(before) != identity_key(after))
+    assert not same_voter(_vote(signed_in(before, "sub-dana")), signed_in(after, "sub-erin"), config)
