@@ -6,7 +6,10 @@ and is *sent* what happened (an :class:`HttpReply`, a :class:`TransportFailure`,
 or ``None`` after a pause). It returns the final :class:`GateDecision`. The
 sync and async clients in :mod:`signoff.hooks.client` only drive it, so both share one
 state machine: submit → (pending) long-poll ``/wait`` → decision, re-attaching
-by request id after dropped connections and 5xx answers until the deadline.
+by request id after dropped connections and 5xx answers until the deadline. An
+approval only tells the client to ask again: the call is sent once more under its
+idempotency key, and Signoff's answer to it (the decision kernel's, over the grants
+and gates in force then) is the decision.
 
 Every path that is not an explicit allow from the server ends in a deny.
 
@@ -833,6 +836,52 @@ def report_flow(
     return ReportAnswer(False, f"Signoff did not take the report within {seconds_text(deadline)} ({error})")
 
 
+def _confirmed(
+    body: bytes,
+    request_id: str,
+    end: float,
+    settings: FlowSettings,
+    clock: Callable[[], float],
+    url: str,
+) -> Generator[Step, Outcome, GateDecision]:
+    """The answer to the call once its request was approved: the call sent again under its
+    idempotency key, so that Signoff's decision kernel answers it as it does every call (a
+    grant the call also rested on that ended while it waited, or a gate configured since,
+    denies) and counts what the allow uses. Retried until ``end``; anything but an allow for
+    this request denies."""
+    started = clock()
+    attempt = 0
+    last_failure: TransportFailure | None = None
+    last_http = ""
+    while True:
+        remaining = end - clock()
+        if remaining <= 0:
+            return _unavailable(
+                f"request {request_id} was approved, but asked again to run it, "
+                + unreachable_reason(url, max(0.0, end - started), last_failure, last_http),
+                request_id,
+            )
+        reply = yield HttpCall("POST", _SUBMIT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
+        assert reply is not None
+        verdict, _ = interpret_submit(reply)
+        if isinstance(verdict, _Final):
+            decision = verdict.decision
+            if decision.allowed and decision.request_id != request_id:
+                return _unavailable(
+                    f"Signoff allowed the call under another request than {request_id}", request_id
+                )
+            return decision
+        if isinstance(verdict, _Pending):
+            return _unavailable(
+                f"Signoff answered request {request_id} pending after approving it", request_id
+            )
+        attempt += 1
+        last_failure, last_http = (
+            (reply, "") if isinstance(reply, TransportFailure) else (None, verdict.error)
+        )
+        yield Pause(min(_backoff(settings, attempt, verdict.after), max(0.0, end - clock())))
+
+
 def gate_flow(
     call: ToolCall,
     settings: FlowSettings,
@@ -912,7 +961,9 @@ def gate_flow(
             base=modified if modified is not None else call.arguments,
         )
         if isinstance(wait_verdict, _Final):
-            return wait_verdict.decision
+            if not wait_verdict.decision.allowed:
+                return wait_verdict.decision
+            return (yield from _confirmed(body, request_id, end, settings, clock, url))
         if isinstance(wait_verdict, _Pending):
             attempt = 0
             last_error = ""
@@ -931,9 +982,8 @@ def gate_flow(
         note = "is still pending (cancelling it failed)"
         if outcome.failure is None and not outcome.pending:
             if outcome.allowed:
-                if outcome.modified_arguments is None:
-                    return outcome._replace(modified_arguments=modified)
-                return outcome
+                confirm_end = clock() + CANCEL_TIMEOUT
+                return (yield from _confirmed(body, request_id, confirm_end, settings, clock, url))
             if (outcome.request or {}).get("status") != "cancelled":
                 return outcome
             note = "was cancelled"

@@ -19,6 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
+from signoff.hooks._gate import describe_request
+
 URL = "http://signoff.test"
 KEY = "sk-test-key"
 
@@ -93,12 +95,19 @@ class Scripted:
 
     Each route's replies are used in order; the last one repeats. An exception in a
     script is raised (a dropped connection); a callable is called with the request.
-    Reports of executed calls (``report``) are taken, unless scripted otherwise.
+    Reports of executed calls (``report``) are taken, unless scripted otherwise. A call
+    sent again under the key of a request the script answered approved is allowed, as the
+    server allows it (with the approver's changes), unless more submits are scripted.
     """
 
     def __init__(self) -> None:
         self.requests: list[httpx.Request] = []
         self.scripts: dict[str, list[Reply]] = {}
+        self._keys: dict[str, tuple[str, dict[str, Any] | None]] = {}
+        """By the idempotency key a submit was answered pending under: the request's id and
+        the arguments the server's hooks rewrote the call to (None: none)."""
+        self._approved: dict[str, dict[str, Any]] = {}
+        """Requests answered approved (by ``/wait``, ``GET`` or ``/cancel``), by id."""
 
     def on(self, route: str, *replies: Reply) -> Scripted:
         self.scripts.setdefault(route, []).extend(replies)
@@ -108,6 +117,10 @@ class Scripted:
         self.requests.append(request)
         route = route_of(request)
         script = self.scripts.get(route)
+        if route == "submit" and not (script and len(script) > 1):
+            replayed = self._replayed(request)
+            if replayed is not None:
+                return replayed
         if not script and route == "report":
             return reported(json.loads(request.content))
         if not script:
@@ -115,10 +128,47 @@ class Scripted:
         reply = script.pop(0) if len(script) > 1 else script[0]
         if isinstance(reply, Exception):
             raise reply
-        if callable(reply):
-            return reply(request)
         # A fresh copy: a Response object must not be handed to two clients.
-        return httpx.Response(reply.status_code, headers=reply.headers, content=reply.content)
+        response = (
+            reply(request)
+            if callable(reply)
+            else httpx.Response(reply.status_code, headers=reply.headers, content=reply.content)
+        )
+        self._note(route, request, response)
+        return response
+
+    def _note(self, route: str, request: httpx.Request, response: httpx.Response) -> None:
+        try:
+            answer = json.loads(response.content)
+        except ValueError:
+            return
+        if not isinstance(answer, dict):
+            return
+        if route == "submit" and answer.get("decision") == "pending" and answer.get("request_id"):
+            key = json.loads(request.content).get("idempotency_key")
+            if isinstance(key, str):
+                self._keys[key] = (answer["request_id"], answer.get("modified_arguments"))
+        elif route in ("wait", "get", "cancel") and answer.get("status") == "approved":
+            self._approved[str(answer.get("id"))] = answer
+
+    def _replayed(self, request: httpx.Request) -> httpx.Response | None:
+        """The allow for a call sent again under the key of an approved request, if it is one."""
+        from signoff.hooks._gate import approved_edits
+
+        body = json.loads(request.content)
+        rid, rewritten = self._keys.get(body.get("idempotency_key"), (None, None))
+        approved = self._approved.get(rid) if rid is not None else None
+        if approved is None:
+            return None
+        edits = approved_edits(approved)
+        base = rewritten if rewritten is not None else body.get("arguments", {})
+        return submitted(
+            "allow",
+            reason=describe_request(approved),
+            request_id=rid,
+            request=approved,
+            modified_arguments={**base, **edits} if edits else rewritten,
+        )
 
     def sent(self, route: str) -> list[httpx.Request]:
         return [r for r in self.requests if route_of(r) == route]
@@ -263,7 +313,8 @@ class LiveSignoff:
     def _answer(req: dict[str, Any]) -> dict[str, Any]:
         status = req["status"]
         decision = {"pending": "pending", "approved": "allow"}.get(status, "deny")
-        return {"decision": decision, "reason": req["reason"], "request_id": req["id"], "request": dict(req)}
+        reason = describe_request(req) if status != "pending" else req["reason"]
+        return {"decision": decision, "reason": reason, "request_id": req["id"], "request": dict(req)}
 
     def _wait(self, rid: str, timeout: float) -> tuple[int, dict[str, Any]]:
         with self._cond:

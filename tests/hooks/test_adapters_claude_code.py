@@ -73,7 +73,8 @@ def test_approved_call_answers_allow_and_sends_the_runtime_ids() -> None:
             "permissionDecisionReason": "Signoff: Approved by Alice (slack)",
         }
     }
-    (body,) = fake.bodies()
+    body, again = fake.bodies()
+    assert again == body, "sent again as it was, once approved"
     assert body["tool_name"] == "Bash"
     assert body["arguments"] == HOOK_INPUT["tool_input"]
     assert body["idempotency_key"] == "claude-code:abc123:toolu_01ABC123"

@@ -75,7 +75,8 @@ def test_approved_call_runs() -> None:
     output = agent.invoke({"messages": [("user", "clean up")]}, CONFIG)
     assert sorted(ran) == ["delete /data", "list"]
     assert tool_messages(output)["delete_file"].content == "deleted /data"
-    (body,) = fake.bodies()
+    body, again = fake.bodies()
+    assert again == body, "sent again as it was, once approved"
     assert body["tool_name"] == "delete_file"
     assert body["arguments"] == {"path": "/data"}
     assert body["idempotency_key"] == "langchain:thread-7:call_1"

@@ -63,7 +63,7 @@ async def test_approved_call_runs_once(sync_client: bool) -> None:
     assert ran == ["/data"]
     assert outputs(result) == ["deleted /data"]
     bodies = fake.bodies()
-    assert len(bodies) == 2, "submitted up front by needs_approval, then waited on by resolve"
+    assert len(bodies) == 3, "submitted by needs_approval, by resolve, and again once approved"
     assert {b["idempotency_key"] for b in bodies} == {"openai-agents:conv-1:call_1"}
     assert bodies[0]["arguments"] == {"path": "/data"}
     assert bodies[0]["user_id"] == "dev-1"

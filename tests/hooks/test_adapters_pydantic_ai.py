@@ -62,7 +62,8 @@ async def test_approved_call_runs_once(sync_client: bool) -> None:
     result = await agent.run("clean up", conversation_id="conv-1")
     assert ran == ["a"]
     assert tool_returns(result) == ["deleted a"]
-    (body,) = fake.bodies()
+    body, again = fake.bodies()
+    assert again == body, "sent again as it was, once approved"
     assert body["tool_name"] == "delete_file"
     assert body["arguments"] == {"path": "a"}
     assert body["idempotency_key"] == "pydantic-ai:conv-1:pyd_ai_tool_call_id__delete_file"

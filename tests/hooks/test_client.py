@@ -123,7 +123,8 @@ def test_pending_then_approved_waits_and_allows(ask: Callable[..., Ask]) -> None
     assert len(waits) == 2
     assert all(w.url.path == "/v1/requests/req-7/wait" for w in waits)
     assert all(w.url.params["timeout"] == "7" for w in waits)
-    assert len(fake.sent("submit")) == 1
+    asked, again = fake.bodies()
+    assert again == asked, "sent again as it was, once approved, for Signoff to answer"
 
 
 def test_pending_then_rejected_denies_with_the_approvers_reason(ask: Callable[..., Ask]) -> None:
@@ -181,7 +182,7 @@ def test_reattaches_after_dropped_connections(ask: Callable[..., Ask]) -> None:
     )
     decision = ask(fake)("pay_invoice", {})
     assert decision.allowed
-    assert len(fake.sent("submit")) == 1, "re-attaches by request id, never re-submits"
+    assert len(fake.sent("submit")) == 2, "re-attaches by request id; sent again only once approved"
     assert [r.url.path for r in fake.sent("wait")] == ["/v1/requests/req-1/wait"] * 4
 
 
@@ -588,7 +589,8 @@ def test_real_server_approve_after_a_restart_during_the_wait(live: LiveSignoff) 
     assert decision.allowed
     assert decision.reason == "Approved by Carol (slack)"
     assert live.waits >= 2, "waited again after the restart"
-    assert len(live.submissions) == 1
+    asked, again = live.submissions
+    assert again == asked, "sent again as it was, once approved"
 
 
 async def test_real_server_reject_and_idempotent_retry(live: LiveSignoff) -> None:
@@ -875,7 +877,8 @@ async def test_plain_async_approve_after_a_restart_during_the_wait(live: LiveSig
     assert decision.allowed
     assert decision.reason == "Approved by Carol (slack)"
     assert live.waits >= 2
-    assert len(live.submissions) == 1
+    asked, again = live.submissions
+    assert again == asked, "sent again as it was, once approved"
 
 
 async def test_plain_async_concurrent_calls_and_reports(live: LiveSignoff) -> None:

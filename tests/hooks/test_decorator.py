@@ -147,7 +147,8 @@ def test_an_executed_call_is_reported_under_its_key() -> None:
         return {"paid": amount}
 
     assert pay("inv-1", 90_000) == {"paid": 90_000}
-    (asked,) = fake.bodies()
+    asked, again = fake.bodies()
+    assert again == asked, "sent again as it was, once approved"
     (report,) = fake.bodies("report")
     assert report["idempotency_key"] == asked["idempotency_key"]
     assert report["tool_name"] == "pay"
