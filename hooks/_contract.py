@@ -138,8 +138,12 @@ class HookServices(Protocol):
         """Whether an operator switch (such as ``read_only``) is on."""
         ...
 
-    async def take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
-        """Take one token from a shared bucket: 0 if taken, else seconds until one is free."""
+    async def take_token(
+        self, bucket: str, *, capacity: float, refill_per_second: float, call: HookContext | None = None
+    ) -> float:
+        """Take one token from a shared bucket: 0 if taken, else seconds until one is free.
+        ``call``: the call the token is for; sent again under the idempotency key of a request
+        made for that same call (re-attaching to it, or running it once approved), it takes none."""
         ...
 
     def redact(self, value: Any) -> Any:

@@ -38,6 +38,7 @@ class RateLimit(ToolFilter):
             self.bucket(ctx),
             capacity=float(self.limit),
             refill_per_second=self.limit / self.window.total_seconds(),
+            call=ctx,
         )
         if wait > 0:
             return HookResult.deny(

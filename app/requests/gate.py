@@ -34,6 +34,7 @@ from signoff.app.db import UNAVAILABLE
 from signoff.app.models import ConfirmationRequest, Grant, RateBucket, from_row, utcnow
 from signoff.app.redaction import redact
 from signoff.app.requests import grants
+from signoff.app.requests.canonical import call_digest
 from signoff.app.requests.eligibility import GateSnapshot, gates_of
 from signoff.app.requests.intake import Intake, held_by, new_request
 from signoff.app.requests.kernel import Answer, KeyedGate, Snapshot, decide, idempotency_key
@@ -311,9 +312,22 @@ class GateService:
             async with self._reads() as session:
                 return await is_switch_on(session, name)
 
-    async def take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
+    async def take_token(
+        self, bucket: str, *, capacity: float, refill_per_second: float, call: HookContext | None = None
+    ) -> float:
         with _reachable(), self._watched(mine=True):
+            if call is not None and await self._asked_before(call):
+                return 0.0
             return await self._take_token(bucket, capacity=capacity, refill_per_second=refill_per_second)
+
+    async def _asked_before(self, call: HookContext) -> bool:
+        """Whether ``call`` was sent before under its idempotency key (its request holds the key
+        for this very call): the same call again takes no second token."""
+        key = idempotency_key(call)
+        if key is None:
+            return False
+        held = await held_by(self._session, call.agent_id, key)
+        return held is not None and held.call_digest == call_digest(call.tool_name, call.arguments)
 
     async def _take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
         session, now = self._session, utcnow()

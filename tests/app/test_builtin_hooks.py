@@ -10,13 +10,20 @@ import httpx
 import pytest
 from sqlmodel import col, select
 
+from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.db import transaction
+from signoff.app.keys import create_key
 from signoff.app.models import AuditEvent
+from signoff.app.operators import decide
 from signoff.app.requests.gate import GateService
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
+from signoff.channels import Verdict
 from signoff.channels.fake import FakeChannel
+from signoff.hooks.client import AsyncGateClient
 from tests.conftest import Server
+from tests.waiting import eventually
 
 HOOKS = [
     {"type": "readonly_guard", "tools": ["db_*"]},
@@ -182,3 +189,36 @@ async def test_unconfigured_agents_are_denied_at_every_hook_point(
     start = await http.post("/v1/hooks/session-start", json={}, headers=auth(key))
     assert post.json()["decision"] == "deny"
     assert start.json()["decision"] == "deny"
+
+
+async def test_a_gated_call_sent_again_under_its_key_takes_no_second_token(settings: Settings) -> None:
+    """Re-attaching to a request, or sending the call again to run it once approved (as the
+    client does), is the same call: a limit of one counts it once. A new call pays."""
+    limited = [
+        {"type": "rate_limit", "tools": ["pay_*"], "limit": 1, "window": "1h"},
+        {"type": "confirmation_gate", "tools": ["pay_*"], "channel": "chat", "timeout": "5m"},
+    ]
+    config = parse_config(
+        {"channels": {"chat": {"type": "fake"}}, "agents": {"finance-bot": {"hooks": limited}}},
+        source="test.yaml",
+    )
+    runtime = Runtime.create(settings, config, channels={"chat": FakeChannel("chat")})
+    try:
+        async with transaction(runtime.sessions) as session:
+            _, key = await create_key(session, "finance-bot", actor=Actor("test"))
+        async with Server(runtime) as server, AsyncGateClient(server.url, key, deadline=20) as client:
+            asking = asyncio.create_task(client.pre_tool_use("pay_x", {"amount": 1}, idempotency_key="k1"))
+            await eventually(lambda: runtime.hub.waiting == 1)
+            async with httpx.AsyncClient(base_url=server.url) as http:
+                again = await pre(http, key, "pay_x", arguments={"amount": 1}, idempotency_key="k1")
+                assert again["decision"] == "pending", again
+                async with transaction(runtime.sessions) as session:
+                    rid = str(again["request_id"])
+                    await decide(session, rid, verdict=Verdict.APPROVE, operator="ops", config=config)
+                decision = await asyncio.wait_for(asking, 10)
+                assert decision.allowed, decision.reason
+                other = await pre(http, key, "pay_x", arguments={"amount": 2}, idempotency_key="k2")
+        assert other["decision"] == "deny"
+        assert "at most 1 calls" in str(other["reason"])
+    finally:
+        await runtime.aclose()
