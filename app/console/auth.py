@@ -293,7 +293,7 @@ def voter_of(
         if assurance is Assurance.OIDC:
             return voter
         return replace(voter, assurance=assurance, identity={**(voter.identity or {}), "via": via})
-    if not config.console.password_sign_in and assurance is Assurance.CONSOLE_PASSWORD:
+    if not config.console.password_sign_in:
         return None
     operator = config.operators.get(session.operator)
     if operator is None or session.fingerprint != fingerprint(operator):

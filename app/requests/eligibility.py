@@ -272,7 +272,9 @@ def _is_approver(approvers: Iterable[str], voter: Voter, config: SignoffConfig) 
         if person is not None:
             if person == voter.person:
                 return True
-        elif identity_key(approver) == own:
+        elif identity_key(approver) == own and _subject(voter.identity) is None:
+            # A raw channel id is vouched for by that channel only: never by a username or an
+            # (unverified) email the identity provider repeats.
             return True
     return False
 

@@ -92,7 +92,10 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 def _assurance(vote: Vote) -> str | None:
-    """How strongly the voter's identity was established (None: not known)."""
+    """How strongly the voter's identity was established, as the vote recorded it (None: not
+    known; votes recorded before the level had a column of its own kept it in ``identity``)."""
+    if vote.assurance is not None:
+        return str(vote.assurance)
     value = (vote.identity or {}).get("assurance")
     return value if isinstance(value, str) else None
 

@@ -138,7 +138,7 @@ def _check_signature(
         return _Scheme.NONE
 
     expected = algorithm((timestamp + nonce + secret).encode() + body).hexdigest()
-    if not hmac.compare_digest(expected, signature.lower()):
+    if not hmac.compare_digest(expected.encode(), signature.lower().encode()):
         raise _reject("signature mismatch")
     try:
         sent_at = int(timestamp)

@@ -133,7 +133,7 @@ async def test_an_approval_is_signed_and_travels_with_the_answers(
         "person": "alice",
         "verdict": "approve",
         "channel": "web",
-        "assurance": None,
+        "assurance": "admin_token",  # as the vote recorded it
     }
     assert vote["at"] == payload["decided_at"]
     call = {
