@@ -30,6 +30,7 @@ from signoff.app.requests.eligibility import (
     eligible_gates,
     gates_of,
     is_not_yet,
+    same_voter,
 )
 from signoff.app.requests.states import EXPIRY, get_request
 from signoff.app.requests.tally import GateApprovals, approvals_by_gate, per_gate, votes_for
@@ -334,7 +335,7 @@ def _hint(req: ConfirmationRequest, voter: Voter, votes: Sequence[Vote], config:
         return "This call was made on your behalf: you cannot approve it."
     if why is not None:
         return why  # e.g. the gate takes votes identified more surely than this sign-in
-    voted = {v.gate for v in votes if v.voter == voter.key}
+    voted = {v.gate for v in votes if same_voter(v, voter, config)}
     if eligible and voted.issuperset(eligible):
         return "You have already voted on this request."
     if eligible and len(eligible) < len(gates):
