@@ -27,12 +27,15 @@ ways, and never to the voter's advantage:
   second spelling or second account with the same email approves its own call;
 - a **vote already cast** is the voter's by their directory key, by the same account on a
   channel of the same type (a card and its escalation in another conversation of one
-  workspace), or by the identity provider's subject (an email changed at the provider):
-  one person's votes never count twice toward a quorum (:func:`same_voter`).
+  workspace; Feishu's ``union_id`` across apps), or, for someone identified by the identity
+  provider, by its subject alone (an email changed there is the same voter; an email or
+  username it repeats names nobody else): one person's votes never count twice toward a
+  quorum, and nobody's claim to another's id takes that other's vote (:func:`same_voter`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -40,6 +43,7 @@ from datetime import UTC, datetime, timedelta
 from pydantic import BaseModel, ConfigDict
 
 from signoff.app.audit import Actor
+from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.models import ConfirmationRequest, Vote
 from signoff.channels import Assurance, GrantChoice, below
@@ -199,7 +203,16 @@ class Voter:
 
     @property
     def key(self) -> str:
-        return self.person or f"{self.channel}:{self.user_id}"
+        """What the voter's votes are recorded under: their directory key; else, for someone
+        the identity provider identified, its issuer and subject (never the username or email
+        it repeats, which may be someone else's name here); else the channel and its id."""
+        if self.person:
+            return self.person
+        subject = _subject(self.identity)
+        if subject is not None:
+            digest = hashlib.sha256(f"{subject[0]}#{subject[1]}".encode()).hexdigest()[:32]
+            return f"{self.channel}:oidc:{digest}"
+        return f"{self.channel}:{self.user_id}"
 
     @property
     def actor(self) -> Actor:
@@ -218,21 +231,27 @@ def _subject(identity: Mapping[str, object] | None) -> tuple[object, str] | None
     return ((identity or {}).get("issuer"), subject) if isinstance(subject, str) and subject else None
 
 
+def _accounts(kind: str, user_id: str, identity: Mapping[str, object] | None) -> set[str]:
+    """The ids a channel of type ``kind`` vouched for naming one account: its user id and
+    the aliases the type keeps (Feishu's ``union_id``, the same in every app)."""
+    aliases = (str(v) for k in identity_of(kind).aliases if (v := (identity or {}).get(k)))
+    return {identity_key(v) for v in (user_id, *aliases)} - {""}
+
+
 def same_voter(vote: Vote, voter: Voter, config: SignoffConfig) -> bool:
     """Whether ``vote`` was cast by ``voter`` (see the module): under the same key, from the
     same account on a channel of the same type, or by the same subject of the same identity
-    provider, each in any spelling."""
+    provider, each in any spelling. Someone identified by the provider is matched by subject
+    only: the username or email it repeats is not an id a channel vouched for."""
     if identity_key(vote.voter) == identity_key(voter.key):
         return True
-    account = identity_key(voter.user_id)
-    if (
-        account
-        and identity_key(vote.user_id or "") == account
-        and _channel_kind(vote.channel or "", config) == _channel_kind(voter.channel, config)
-    ):
-        return True
     subject = _subject(voter.identity)
-    return subject is not None and subject == _subject(vote.identity)
+    if subject is not None or _subject(vote.identity) is not None:
+        return subject is not None and subject == _subject(vote.identity)
+    kind = _channel_kind(voter.channel, config)
+    if _channel_kind(vote.channel or "", config) != kind:
+        return False
+    return bool(_accounts(kind, voter.user_id, voter.identity) & _accounts(kind, vote.user_id, vote.identity))
 
 
 def _names(voter: Voter, config: SignoffConfig) -> tuple[set[str], set[str]]:
