@@ -37,7 +37,7 @@ from signoff.app.requests import grants
 from signoff.app.requests.canonical import call_digest
 from signoff.app.requests.eligibility import GateSnapshot, gates_of
 from signoff.app.requests.intake import Intake, held_by, new_request
-from signoff.app.requests.kernel import Answer, KeyedGate, Snapshot, decide, idempotency_key
+from signoff.app.requests.kernel import Answer, KeyedGate, Snapshot, decide, idempotency_key, same_user
 from signoff.app.switches import is_switch_on
 from signoff.hooks import DEFAULT_HOOK_TIMEOUT, Decision, HookContext, HookResult, ServiceUnavailable
 
@@ -321,13 +321,20 @@ class GateService:
             return await self._take_token(bucket, capacity=capacity, refill_per_second=refill_per_second)
 
     async def _asked_before(self, call: HookContext) -> bool:
-        """Whether ``call`` was sent before under its idempotency key (its request holds the key
-        for this very call): the same call again takes no second token."""
+        """Whether ``call`` is a gated call sent before under its idempotency key: a gate of the
+        agent catches it now, and the request holding the key was made for this very call on
+        behalf of the same user. The same call again takes no second token; any other pays."""
         key = idempotency_key(call)
-        if key is None:
+        if key is None or not any(
+            _matches(g, call) for _, g in self._config.confirmation_gates(call.agent_id)
+        ):
             return False
         held = await held_by(self._session, call.agent_id, key)
-        return held is not None and held.call_digest == call_digest(call.tool_name, call.arguments)
+        return (
+            held is not None
+            and held.call_digest == call_digest(call.tool_name, call.arguments)
+            and same_user(held.user_id, call.user_id, self._config)
+        )
 
     async def _take_token(self, bucket: str, *, capacity: float, refill_per_second: float) -> float:
         session, now = self._session, utcnow()

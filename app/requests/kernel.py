@@ -40,7 +40,7 @@ from signoff.app.requests.single_use import spent
 from signoff.app.requests.states import decision_for
 from signoff.hooks import Decision, HookContext
 
-__all__ = ["Answer", "KeyedGate", "Snapshot", "decide", "idempotency_key"]
+__all__ = ["Answer", "KeyedGate", "Snapshot", "decide", "idempotency_key", "same_user"]
 
 KeyedGate = tuple[str, ConfirmationGate]
 """A gate of the agent with the key requests record it by."""
@@ -127,7 +127,7 @@ def _from_request(
             f"idempotency key {req.idempotency_key!r} was already used for a different call "
             f"(request {req.id}); send a new key for a new call",
         )
-    if not _same_user(req.user_id, call.user_id, config):
+    if not same_user(req.user_id, call.user_id, config):
         # Its approvers decided a call made on someone else's behalf (and may not approve one
         # made on their own).
         return deny(
@@ -168,7 +168,7 @@ def _from_request(
     )
 
 
-def _same_user(recorded: str | None, given: str | None, config: SignoffConfig) -> bool:
+def same_user(recorded: str | None, given: str | None, config: SignoffConfig) -> bool:
     """Whether ``given`` (a replay's ``user_id``) names whoever ``recorded`` (the request's) did:
     the same id in any spelling, or two ids of one person of the directory."""
     if identity_key(recorded or "") == identity_key(given or ""):
