@@ -87,6 +87,9 @@ WAIT_MARGIN = 10.0
 """Extra seconds of read timeout beyond the server-side long-poll time."""
 WAIT_SLACK = 0.5
 """Seconds (at most half of what is left) kept for a last long-poll's answer to travel."""
+CONFIRM_SLACK = 1.0
+"""Seconds more (within the same half) kept after a last long-poll, for an approved call to
+be sent again and answered before the deadline."""
 CANCEL_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 5.0
 _FAST_PENDING = 1.0
@@ -850,6 +853,16 @@ def _confirmed(
     denies) and counts what the allow uses. Retried until ``end``; anything but an allow for
     this request denies."""
     started = clock()
+    if end <= started:
+        return GateDecision(
+            allowed=False,
+            reason=(
+                f"Signoff request {request_id} was approved as the deadline ran out, too late to "
+                "ask for the call to run within it; call again with the same idempotency key to run it"
+            ),
+            request_id=request_id,
+            failure=GateFailure.TIMEOUT,
+        )
     attempt = 0
     last_failure: TransportFailure | None = None
     last_http = ""
@@ -944,7 +957,7 @@ def gate_flow(
             break
         # Near the deadline the server is asked to answer early enough for the answer to
         # arrive in time (rather than the read timing out on a poll that outlives it).
-        budget = remaining - min(WAIT_SLACK, remaining / 2)
+        budget = remaining - min(WAIT_SLACK + CONFIRM_SLACK, remaining / 2)
         server_wait = min(float(settings.poll_timeout), float(MAX_POLL_TIMEOUT), budget)
         started = clock()
         reply = yield HttpCall(

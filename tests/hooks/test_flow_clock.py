@@ -22,7 +22,7 @@ from signoff.hooks._gate import (
     TransportFailure,
     gate_flow,
 )
-from tests.hooks.signoff_fakes import pending, state
+from tests.hooks.signoff_fakes import pending, record, state, submitted
 
 
 class VirtualClock:
@@ -93,3 +93,59 @@ def test_a_flow_never_outlives_its_deadline_and_ends_in_a_timeout(
     assert decision.failure is GateFailure.TIMEOUT, decision
     assert clock.now <= end + 1e-9, "answered after the deadline"
     assert "No decision on pay_invoice" in decision.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    deadline=st.floats(min_value=0.2, max_value=120),
+    poll_timeout=st.integers(min_value=1, max_value=60),
+    pendings=st.lists(st.floats(min_value=0, max_value=1), max_size=20),
+    approved_after=st.floats(min_value=0, max_value=1),
+    confirm_takes=st.floats(min_value=0, max_value=1),
+)
+def test_an_approval_is_confirmed_within_the_deadline_or_denied_by_it(
+    deadline: float, poll_timeout: int, pendings: list[float], approved_after: float, confirm_takes: float
+) -> None:
+    """Once ``/wait`` says approved the call is sent again (Signoff's answer to it is the
+    decision): that exchange, too, ends by the deadline; an approval too late for it is a
+    timeout deny that says to call again, never an allow the server did not give."""
+    clock = VirtualClock()
+    end = clock.now + deadline
+    flow = gate_flow(
+        ToolCall.build("pay_invoice", {"amount": 90000}, runtime="python"),
+        FlowSettings(deadline=deadline, poll_timeout=poll_timeout, backoff_initial=0.05, backoff_max=2.0),
+        clock,
+    )
+    next(flow)
+    step = flow.send(_reply(pending()))
+    polls = iter(pendings)
+    confirmed = False
+    try:
+        while True:
+            if isinstance(step, Pause):
+                assert clock.now + step.seconds <= end + 1e-9, "a pause past the deadline"
+                clock.now += step.seconds
+                step = flow.send(None)
+                continue
+            assert clock.now + step.timeout <= end + 1e-9, "an exchange allowed past the deadline"
+            if step.method == "POST":  # the call sent again, once approved
+                confirmed = True
+                clock.now += step.timeout * confirm_takes
+                step = flow.send(
+                    _reply(submitted("allow", request_id="req-1", request=record("req-1", "approved")))
+                )
+                continue
+            share = next(polls, None)
+            if share is None:  # decided during this poll
+                clock.now += step.timeout * approved_after
+                step = flow.send(_reply(state("req-1", "approved")))
+            else:
+                clock.now += step.timeout * share
+                step = flow.send(_reply(state()))
+    except StopIteration as stop:
+        decision = stop.value
+    assert clock.now <= end + 1e-9, "answered after the deadline"
+    if decision.allowed:
+        assert confirmed, "allowed without Signoff's answer to the call sent again"
+    else:
+        assert decision.failure is GateFailure.TIMEOUT, decision
