@@ -59,6 +59,8 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # Votes of pending requests re-keyed under the provider's subject (nothing dropped).
+    "0016": (),
     # The events are linked into one chain again before their chains' columns go.
     "0015": (Drop("audit_event", "chain_seq", holds=None), Drop("audit_event", "chain", holds=None)),
     # Each vote's level goes into its ``identity`` before the column is dropped.

@@ -191,6 +191,7 @@ async def pending_request(http: httpx.AsyncClient, key: str, tool: str = "pay_in
 async def click(
     http: httpx.AsyncClient, rid: str, verdict: str, who: str, event: str, **kw: Any
 ) -> httpx.Response:
+    kw.setdefault("union_id", f"on_union_{who.removeprefix('ou_')}")  # one person, one union_id
     body, headers = signed_encrypted(card_action(rid, verdict, open_id=who, event_id=event, **kw))
     return await http.post(f"/callbacks/feishu/{CHANNEL}", content=body, headers=headers)
 

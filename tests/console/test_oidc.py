@@ -27,6 +27,7 @@ from sqlmodel import col, select
 
 from signoff.app.config import ConfigError, SignoffConfig, parse_config
 from signoff.app.models import Vote
+from signoff.app.requests.eligibility import Voter
 from signoff.app.runtime import Runtime
 from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, Server
 from tests.console.conftest import PASSWORDS, Agent, Console, csrf_of, operators
@@ -356,10 +357,12 @@ async def test_a_group_approves_counting_each_person_once_at_oidc_assurance(
     assert "Approved once by Erin E." in await _flash_after(second, rid)
     assert await status_of(runtime, rid) == "approved"
     votes = await _votes(runtime, rid)
+    dana = Voter("web", "dana@example.com", identity={"issuer": provider.url, "subject": "sub-dana"})
     assert [(v.voter, v.user_id, v.assurance) for v in votes] == [
-        ("web:dana@example.com", "dana@example.com", "oidc"),
+        (dana.key, "dana@example.com", "oidc"),  # by the provider's subject, never her email
         ("erin", "Erin@Example.com", "oidc"),
     ]
+    assert "dana" not in votes[0].voter
     assert votes[0].identity == {"via": "console", "issuer": provider.url, "subject": "sub-dana"}
     page = (await second.get(f"/ui/requests/{rid}")).text
     assert '<span class="assurance">oidc</span>' in page
@@ -528,7 +531,8 @@ async def test_the_command_line_decides_with_a_personal_token_as_its_person_at_c
     assert code == 0, err
     assert out.strip() == f"Request {once} is approved by Dana."
     [vote] = await _votes(runtime, once)
-    assert (vote.voter, vote.assurance, vote.reason) == ("web:dana@example.com", "cli_token", "checked")
+    dana = Voter("web", "dana@example.com", identity={"issuer": provider.url, "subject": "sub-dana"})
+    assert (vote.voter, vote.assurance, vote.reason) == (dana.key, "cli_token", "checked")
     assert vote.identity["via"] == "cli-token"
 
     # Revoked in the console: refused from then on.

@@ -173,7 +173,7 @@ async def test_an_upgraded_log_verifies_grows_in_chains_and_downgrades_into_one(
 async def test_a_broken_log_is_not_relinked_by_the_downgrade(fresh_url: str, tamper: str) -> None:
     await asyncio.to_thread(migrate, fresh_url, "0012")
     await _write_as_0012(fresh_url, 4)
-    await asyncio.to_thread(migrate, fresh_url)
+    await asyncio.to_thread(migrate, fresh_url, "0015")
     engine = create_engine(fresh_url)
     async with engine.begin() as conn:
         await conn.execute(sa.text(tamper))

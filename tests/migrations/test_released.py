@@ -58,6 +58,9 @@ RELEASED = {
     "2026_12_02_1820-0015_audit_chains.py": (
         "9883d129a5d5770ee57a8438c495919cc61d88b7b4419f4f6078477a025eff95"
     ),
+    "2026_12_07_1800-0016_votes_under_subject.py": (
+        "cc5144954b332397f45cee1a0155c8b91abbc221fbf2ab47dcc15d725542e99f"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 
