@@ -850,8 +850,8 @@ def _confirmed(
     """The answer to the call once its request was approved: the call sent again under its
     idempotency key, so that Signoff's decision kernel answers it as it does every call (a
     grant the call also rested on that ended while it waited, or a gate configured since,
-    denies) and counts what the allow uses. Retried until ``end``; anything but an allow for
-    this request denies."""
+    denies) and counts what the allow uses. Retried until ``end``; anything but Signoff's allow
+    (for this request, or for the call as it stands once no gate asks about it) denies."""
     started = clock()
     if end <= started:
         return GateDecision(
@@ -879,7 +879,8 @@ def _confirmed(
         verdict, _ = interpret_submit(reply)
         if isinstance(verdict, _Final):
             decision = verdict.decision
-            if decision.allowed and decision.request_id != request_id:
+            if decision.allowed and decision.request_id not in (request_id, None):
+                # (None: no gate asks about the call any more, and Signoff allows it as it stands)
                 return _unavailable(
                     f"Signoff allowed the call under another request than {request_id}", request_id
                 )
@@ -989,8 +990,8 @@ def gate_flow(
 
     note = "is still pending"
     if settings.cancel_on_deadline:
-        # Best effort, past the deadline by at most twice CANCEL_TIMEOUT. A decision that won
-        # the race against the cancel is honoured (approved → allow).
+        # Best effort, past the deadline by at most three times CANCEL_TIMEOUT (the cancel, its
+        # outcome, and an approval that won the race against it sent again, then honoured).
         outcome = yield from cancel_flow(request_id, modified if modified is not None else call.arguments)
         note = "is still pending (cancelling it failed)"
         if outcome.failure is None and not outcome.pending:
