@@ -12,7 +12,7 @@ from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, Status, Vote, utcnow
 from signoff.app.requests.edits import argument_changes, editable_fields, executed_as_approved
-from signoff.app.requests.eligibility import GateSnapshot, gates_of
+from signoff.app.requests.eligibility import GateSnapshot, gates_of, shown_ids
 from signoff.app.requests.single_use import valid_for
 from signoff.channels import ABSENT, MAX_GRANT_FIELDS, MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem
 
@@ -207,7 +207,7 @@ class VoteOut(BaseModel):
             verdict=v.verdict,
             gate=gates[v.gate].name if 0 <= v.gate < len(gates) else "",
             channel=v.channel,
-            user_id=v.user_id,
+            user_id=shown_ids([v]).get(v.user_id, v.user_id),
             name=v.name,
             email=v.email,
             reason=v.reason,
@@ -287,8 +287,13 @@ class RequestOut(BaseModel):
         gates: Sequence[GateSnapshot] = (),
     ) -> RequestOut:
         """``r`` as the API shows it; ``gates``: its gates, typed, when the caller has them."""
+        decider = r.decided_by_user_id
         decided_by = (
-            Decider(channel=r.decided_by_channel, user_id=r.decided_by_user_id, name=r.decided_by_name)
+            Decider(
+                channel=r.decided_by_channel,
+                user_id=shown_ids(votes).get(decider, decider) if decider else decider,
+                name=r.decided_by_name,
+            )
             if r.decided_by_channel
             else None
         )

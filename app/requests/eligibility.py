@@ -66,6 +66,7 @@ __all__ = [
     "is_requester",
     "not_yet",
     "same_voter",
+    "shown_ids",
 ]
 
 NOT_HERE = "This request's card was not posted here, so a click here does not count."
@@ -252,6 +253,22 @@ def same_voter(vote: Vote, voter: Voter, config: SignoffConfig) -> bool:
     if _channel_kind(vote.channel or "", config) != kind:
         return False
     return bool(_accounts(kind, voter.user_id, voter.identity) & _accounts(kind, vote.user_id, vote.identity))
+
+
+_SECRET_IDS = frozenset({Assurance.NTFY_LINK.value})
+"""Votes whose channel id is a secret of its person (an ntfy topic: who knows it reads their
+notifications, the signed Approve among them)."""
+
+
+def shown_ids(votes: Iterable[Vote]) -> dict[str, str]:
+    """What the API and receipts show for each secret channel id among ``votes``: the voter's
+    directory key (never the topic itself, which the agent being gated could otherwise read and
+    approve its next call with)."""
+    return {
+        v.user_id: v.voter if ":" not in v.voter else "(not shown)"
+        for v in votes
+        if v.assurance in _SECRET_IDS
+    }
 
 
 def _names(voter: Voter, config: SignoffConfig) -> tuple[set[str], set[str]]:

@@ -27,7 +27,7 @@ from signoff.app.audit import Actor
 from signoff.app.models import ConfirmationRequest, Vote, utcnow
 from signoff.app.receipt_keys import sign, signing_key
 from signoff.app.requests.canonical import call_digest
-from signoff.app.requests.eligibility import GateSnapshot
+from signoff.app.requests.eligibility import GateSnapshot, shown_ids
 from signoff.app.requests.tally import votes_of_requests
 from signoff.hooks.receipts import action_digest, canonical_bytes, receipt_digest
 
@@ -106,7 +106,7 @@ def _vote(vote: Vote, gates: Sequence[GateSnapshot]) -> dict[str, Any]:
         "person": vote.voter,
         "verdict": vote.verdict,
         "channel": vote.channel,
-        "user_id": vote.user_id,
+        "user_id": shown_ids([vote]).get(vote.user_id, vote.user_id),
         "name": vote.name,
         "assurance": _assurance(vote),
         "at": _iso(vote.created_at),
@@ -157,7 +157,11 @@ def decision_payload(
             {"name": g.name, "channel": g.channel, "approvers": list(g.approvers), "quorum": g.quorum}
             for g in d.gates
         ],
-        "decided_by": {"channel": actor.channel, "user_id": actor.id, "name": actor.name},
+        "decided_by": {
+            "channel": actor.channel,
+            "user_id": shown_ids(votes).get(actor.id, actor.id) if actor.id is not None else None,
+            "name": actor.name,
+        },
         "reason": reason,
         "policy_version": d.policy_version,
         "decided_at": _iso(decided_at),

@@ -91,7 +91,9 @@ class Verified:
             raise CallbackRejected("bearer token or activity names no serviceUrl")
         if claimed.rstrip("/") != service_url.rstrip("/"):
             raise CallbackRejected("activity serviceUrl differs from the token's")
-        if self.endorsements is not None and channel_id not in self.endorsements:
+        if self.endorsements is not None and (
+            not isinstance(channel_id, str) or channel_id not in self.endorsements
+        ):
             raise CallbackRejected("signing key does not endorse the activity's channel", status_code=403)
 
 

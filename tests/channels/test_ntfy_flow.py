@@ -245,7 +245,9 @@ async def test_a_tap_decides_as_its_person_and_the_contract_answers_repeats_and_
     }
     assert (await waiting).json()["status"] == "approved"  # the waiting agent is released
     decided = await state(http, agent_key, rid)
-    assert decided["decided_by"] == {"channel": "phone", "user_id": ALICE, "name": "Alice"}
+    # Alice's topic is her secret: the answer names her by her directory key.
+    assert decided["decided_by"] == {"channel": "phone", "user_id": "alice", "name": "Alice"}
+    assert ALICE not in str(decided)
 
     # The app retries, the person taps twice: the decision as it stands.
     for _ in range(2):
