@@ -93,7 +93,9 @@ async def test_an_ntfy_gate_through_signoff_serve(ntfy: FakeNtfy) -> None:
                 assert (again.status_code, again.json()["answer"]) == (200, "repeated")
             done = (await waiting).json()
             assert done["status"] == "approved"
-            assert done["decided_by"] == {"channel": "phone", "user_id": ALICE, "name": "Alice"}
+            # Her topic is her secret: the agent's answer names her by her directory key.
+            assert done["decided_by"] == {"channel": "phone", "user_id": "alice", "name": "Alice"}
+            assert ALICE not in str(done)
             view = (await http.get(f"/v1/admin/requests/{rid}", headers=s.admin_headers)).json()
             [vote] = [e for e in view["audit"] if e["action"] == "vote"]
             assert vote["actor_channel"] == "phone"
