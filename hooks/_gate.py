@@ -839,6 +839,34 @@ def report_flow(
     return ReportAnswer(False, f"Signoff did not take the report within {seconds_text(deadline)} ({error})")
 
 
+def _submitting(
+    body: bytes, end: float, settings: FlowSettings, clock: Callable[[], float]
+) -> Generator[
+    Step, Outcome, tuple[_Final | _Pending | None, dict[str, Any] | None, TransportFailure | None, str]
+]:
+    """Send the call until Signoff answers it (final or pending) or ``end`` passes, retrying
+    with backoff (the same idempotency key, so never a second request): the answer (None when
+    the time ran out), the arguments Signoff's hooks rewrote, the last transport failure and
+    the last HTTP error."""
+    attempt = 0
+    last_failure: TransportFailure | None = None
+    last_http = ""
+    while True:
+        remaining = end - clock()
+        if remaining <= 0:
+            return None, None, last_failure, last_http
+        reply = yield HttpCall("POST", _SUBMIT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
+        assert reply is not None
+        verdict, modified = interpret_submit(reply)
+        if isinstance(verdict, _Final | _Pending):
+            return verdict, modified, last_failure, last_http
+        attempt += 1
+        last_failure, last_http = (
+            (reply, "") if isinstance(reply, TransportFailure) else (None, verdict.error)
+        )
+        yield Pause(min(_backoff(settings, attempt, verdict.after), max(0.0, end - clock())))
+
+
 def _confirmed(
     body: bytes,
     request_id: str,
@@ -863,37 +891,20 @@ def _confirmed(
             request_id=request_id,
             failure=GateFailure.TIMEOUT,
         )
-    attempt = 0
-    last_failure: TransportFailure | None = None
-    last_http = ""
-    while True:
-        remaining = end - clock()
-        if remaining <= 0:
-            return _unavailable(
-                f"request {request_id} was approved, but asked again to run it, "
-                + unreachable_reason(url, max(0.0, end - started), last_failure, last_http),
-                request_id,
-            )
-        reply = yield HttpCall("POST", _SUBMIT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
-        assert reply is not None
-        verdict, _ = interpret_submit(reply)
-        if isinstance(verdict, _Final):
-            decision = verdict.decision
-            if decision.allowed and decision.request_id not in (request_id, None):
-                # (None: no gate asks about the call any more, and Signoff allows it as it stands)
-                return _unavailable(
-                    f"Signoff allowed the call under another request than {request_id}", request_id
-                )
-            return decision
-        if isinstance(verdict, _Pending):
-            return _unavailable(
-                f"Signoff answered request {request_id} pending after approving it", request_id
-            )
-        attempt += 1
-        last_failure, last_http = (
-            (reply, "") if isinstance(reply, TransportFailure) else (None, verdict.error)
+    verdict, _, last_failure, last_http = yield from _submitting(body, end, settings, clock)
+    if verdict is None:
+        return _unavailable(
+            f"request {request_id} was approved, but asked again to run it, "
+            + unreachable_reason(url, max(0.0, end - started), last_failure, last_http),
+            request_id,
         )
-        yield Pause(min(_backoff(settings, attempt, verdict.after), max(0.0, end - clock())))
+    if isinstance(verdict, _Pending):
+        return _unavailable(f"Signoff answered request {request_id} pending after approving it", request_id)
+    decision = verdict.decision
+    if decision.allowed and decision.request_id not in (request_id, None):
+        # (None: no gate asks about the call any more, and Signoff allows it as it stands)
+        return _unavailable(f"Signoff allowed the call under another request than {request_id}", request_id)
+    return decision
 
 
 def gate_flow(
@@ -915,29 +926,15 @@ def gate_flow(
         return _unavailable(f"the arguments of {call.tool_name} cannot be sent as JSON: {exc}")
 
     # Phase 1: submit (retried with the same idempotency key, so never duplicated).
-    attempt = 0
-    last_failure: TransportFailure | None = None
-    last_http = ""
-    modified: dict[str, Any] | None = None
     submit_window = min(settings.deadline, settings.submit_deadline)
-    submit_end = clock() + submit_window
-    while True:
-        remaining = submit_end - clock()
-        if remaining <= 0:
-            return _unavailable(unreachable_reason(url, submit_window, last_failure, last_http))
-        reply = yield HttpCall("POST", _SUBMIT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
-        assert reply is not None
-        verdict, modified = interpret_submit(reply)
-        if isinstance(verdict, _Final):
-            return verdict.decision
-        if isinstance(verdict, _Pending):
-            pending = verdict
-            break
-        attempt += 1
-        last_failure, last_http = (
-            (reply, "") if isinstance(reply, TransportFailure) else (None, verdict.error)
-        )
-        yield Pause(min(_backoff(settings, attempt, verdict.after), max(0.0, submit_end - clock())))
+    verdict, modified, last_failure, last_http = yield from _submitting(
+        body, clock() + submit_window, settings, clock
+    )
+    if verdict is None:
+        return _unavailable(unreachable_reason(url, submit_window, last_failure, last_http))
+    if isinstance(verdict, _Final):
+        return verdict.decision
+    pending = verdict
 
     # Phase 2: long-poll the request by id; re-attach after drops, 5xx and restarts.
     request_id = pending.request_id
