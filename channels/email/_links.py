@@ -4,7 +4,10 @@ A token is ``<payload>.<signature>``: the payload is compact JSON (version, requ
 channel, recipient, verdict, grant, expiry) in unpadded base64url, the signature an
 HMAC-SHA256 of the payload's text under the server's link key, also base64url. Both halves
 are compared as text, so no other spelling of the same bytes (base64's unused low bits)
-passes: any change to a token refuses it. Pure functions of the key and the clock.
+passes: any change to a token refuses it. A recipient that is a secret (an ntfy topic, which
+reads its person's notifications) is sealed: AES-GCM under a key derived from the link key,
+so a token in a URL (browser history, a proxy's log) does not give it away. Pure functions of
+the key and the clock (and, for a sealed recipient, a random nonce).
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import binascii
 import hashlib
 import hmac
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from signoff.channels._contract import CallbackRejected, GrantChoice, Verdict
 
@@ -26,6 +33,8 @@ MAX_TOKEN_CHARS = 2048
 """Longer tokens are refused unread (a request id, a channel, an address and a grant fit well within)."""
 _VERSION = 1
 _CONTEXT = b"signoff.email.link.v1."
+_SEAL_CONTEXT = b"signoff.link.recipient-seal.v1"
+_NONCE = 12
 
 
 def _b64(data: bytes) -> str:
@@ -96,14 +105,34 @@ class LinkSigner:
         if len(key) < 16:
             raise ValueError("a link key has at least 16 bytes")
         self._key = key
+        self._seal = AESGCM(hmac.new(key, _SEAL_CONTEXT, hashlib.sha256).digest())
         self.base_url = base_url.rstrip("/")
 
     def _signature(self, payload: str) -> str:
         return _b64(hmac.new(self._key, _CONTEXT + payload.encode("ascii"), hashlib.sha256).digest())
 
-    def sign(self, token: LinkToken) -> str:
-        payload = _b64(json.dumps(token.payload(), separators=(",", ":"), ensure_ascii=True).encode())
+    def sign(self, token: LinkToken, *, seal_recipient: bool = False) -> str:
+        """The token's text; with ``seal_recipient`` its recipient is not readable in it
+        (:meth:`verify` opens it)."""
+        data = token.payload()
+        if seal_recipient:
+            nonce = os.urandom(_NONCE)
+            sealed = self._seal.encrypt(nonce, token.recipient.encode(), _SEAL_CONTEXT)
+            data[3] = {"sealed": _b64(nonce + sealed)}
+        payload = _b64(json.dumps(data, separators=(",", ":"), ensure_ascii=True).encode())
         return f"{payload}.{self._signature(payload)}"
+
+    def _opened(self, data: object) -> object:
+        """``data`` (a token's payload) with its recipient unsealed, if it is sealed."""
+        if isinstance(data, list) and len(data) > 3 and isinstance(data[3], dict):
+            sealed = data[3].get("sealed")
+            raw = _unb64(sealed) if isinstance(sealed, str) and len(data[3]) == 1 else b""
+            try:
+                recipient = self._seal.decrypt(raw[:_NONCE], raw[_NONCE:], _SEAL_CONTEXT)
+            except InvalidTag:
+                raise ValueError("a sealed recipient this key did not seal") from None
+            data = [*data[:3], recipient.decode(), *data[4:]]
+        return data
 
     def url(self, token: LinkToken) -> str:
         return f"{self.base_url}/approve/{self.sign(token)}"
@@ -124,7 +153,7 @@ class LinkSigner:
         if not hmac.compare_digest(signature.encode("ascii"), self._signature(payload).encode("ascii")):
             raise CallbackRejected("bad link signature", status_code=403)
         try:
-            token = LinkToken.from_payload(json.loads(_unb64(payload)))
+            token = LinkToken.from_payload(self._opened(json.loads(_unb64(payload))))
         except (ValueError, TypeError):
             # Signed by this key but not readable: a token of another version.
             raise CallbackRejected("unreadable link token", status_code=400) from None

@@ -136,7 +136,9 @@ class NtfyChannel:
 
     def _token(self, card: Card, topic: str, verdict: Verdict) -> str:
         expires = int(card.expires_at.timestamp()) + TOKEN_GRACE_SECONDS
-        return self._links.sign(LinkToken(card.request_id, self.name, topic, verdict, expires))
+        # The topic is sealed: the Reject… page's URL carries this token (browser history).
+        token = LinkToken(card.request_id, self.name, topic, verdict, expires)
+        return self._links.sign(token, seal_recipient=True)
 
     def notification(self, card: Card, person: Person, *, reminder: bool = False) -> Notification:
         """What ``person`` (``user_id``: their topic) is sent for ``card``."""

@@ -3,6 +3,8 @@ exchange with a real server on loopback (replies 4xx and 5xx, logins, TLS)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -262,6 +264,29 @@ def test_a_token_of_another_key_is_refused() -> None:
     other = LinkSigner(b"o" * 32, "https://signoff.example.com")
     with pytest.raises(CallbackRejected, match="bad link signature"):
         SIGNER.verify(other.sign(TOKEN), now=NOW)
+
+
+@given(recipient=st.text(min_size=8, max_size=64))
+def test_a_sealed_recipient_round_trips_and_cannot_be_read_from_the_token(recipient: str) -> None:
+    token = LinkToken(**{**_fields(TOKEN), "recipient": recipient})
+    text = SIGNER.sign(token, seal_recipient=True)
+    assert SIGNER.verify(text, now=NOW) == token
+    payload = text.split(".")[0]
+    shown = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert list(shown[3]) == ["sealed"], "the recipient is in the token as it is"
+    assert recipient.encode() not in base64.urlsafe_b64decode(shown[3]["sealed"] + "==")
+    assert recipient not in text
+    assert SIGNER.sign(token, seal_recipient=True) != text  # a fresh nonce each time
+
+
+@pytest.mark.parametrize("sealed", [{"sealed": "AAAA"}, {"sealed": 5}, {"sealed": "x", "y": 1}, {}])
+def test_a_signed_token_whose_sealed_recipient_does_not_open_is_refused(sealed: object) -> None:
+    data = TOKEN.payload()
+    data[3] = sealed
+    payload = base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+    text = f"{payload}.{SIGNER._signature(payload)}"
+    with pytest.raises(CallbackRejected, match="unreadable link token"):
+        SIGNER.verify(text, now=NOW)
 
 
 @settings(max_examples=400, deadline=None)
