@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
@@ -112,59 +113,97 @@ def _wake(woken: asyncio.Future[V | None], answer: V | None = None) -> None:
         woken.set_result(answer)
 
 
+TICK = 0.05
+"""Seconds: the waits whose timeouts end within one tick share a timer and end at its start."""
+
+
 class Hub(Generic[V]):
     """The agents waiting on requests in this process, by request id; ``V``: what a waiter
     woken by a commit of this process is answered."""
 
     def __init__(self) -> None:
         # A future per waiter, not an Event: thousands are parked at once, and an Event (its
-        # deque, its own future once waited on) is several times the size.
-        self._waiters: dict[str, set[asyncio.Future[V | None]]] = {}
+        # deque, its own future once waited on) is several times the size. Likewise a lone
+        # waiter on a request is kept as is, not in a set of its own, and the waiters whose
+        # timeouts end within the same tick share one timer (a timer each, and the
+        # ``asyncio.timeout`` around it, would be 0.7 KiB of every parked agent).
+        self._waiters: dict[str, asyncio.Future[V | None] | set[asyncio.Future[V | None]]] = {}
+        self._ticks: dict[int, set[asyncio.Future[V | None]]] = {}
         self.draining = False
         """Set by :meth:`drain`: waits no longer park."""
 
     @property
     def waiting(self) -> int:
-        return sum(len(v) for v in self._waiters.values())
+        return sum(len(v) if isinstance(v, set) else 1 for v in self._waiters.values())
 
     def waited_on(self, request_ids: Iterable[str]) -> list[str]:
         """Those of ``request_ids`` somebody waits on here."""
         return [rid for rid in request_ids if rid in self._waiters]
+
+    def _of(self, request_id: str) -> Iterable[asyncio.Future[V | None]]:
+        found = self._waiters.get(request_id)
+        return () if found is None else found if isinstance(found, set) else (found,)
 
     def notify(self, request_ids: Iterable[str], answers: Mapping[str, V] | None = None) -> None:
         """Wake the waiters on ``request_ids``, each with its request's answer in ``answers``
         if there is one (else None: the waiter reads its request)."""
         for rid in request_ids:
             answer = answers.get(rid) if answers else None
-            for woken in self._waiters.get(rid, ()):
+            for woken in self._of(rid):
                 _wake(woken, answer)
 
-    def subscribe(self, request_id: str) -> asyncio.Future[V | None]:
+    def subscribe(
+        self, request_id: str, timeout: float | None = None
+    ) -> tuple[asyncio.Future[V | None], int | None]:
         """A future done when ``request_id`` is decided (or the server drains): with the
-        request's answer when a commit of this process decided it, else None. Await it, then
-        :meth:`unsubscribe`. A wait that gives up (its timeout cancels it) is never woken."""
-        woken: asyncio.Future[V | None] = asyncio.get_running_loop().create_future()
+        request's answer when a commit of this process decided it, else None; and done with
+        None once ``timeout`` seconds have passed, or up to :data:`TICK` seconds before,
+        never after. Await the future, then :meth:`unsubscribe` it with the tick returned."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[V | None] = loop.create_future()
         if self.draining:
             woken.set_result(None)
-        self._waiters.setdefault(request_id, set()).add(woken)
-        return woken
+        bucket = self._waiters.setdefault(request_id, woken)
+        if bucket is not woken:
+            if isinstance(bucket, set):
+                bucket.add(woken)
+            else:
+                self._waiters[request_id] = {bucket, woken}
+        if timeout is None:
+            return woken, None
+        tick = math.floor((loop.time() + timeout) / TICK)
+        timed = self._ticks.get(tick)
+        if timed is None:
+            timed = self._ticks[tick] = set()
+            loop.call_at(tick * TICK, self._time_out, tick)
+        timed.add(woken)
+        return woken, tick
+
+    def _time_out(self, tick: int) -> None:
+        for woken in self._ticks.pop(tick, ()):
+            _wake(woken)
 
     def drain(self) -> int:
         """Wake every waiter and park no more (the server is stopping); returns how many were
         waiting. Each woken wait answers with its request if it is decided, else raises
         :class:`Draining`."""
         self.draining = True
-        for bucket in self._waiters.values():
-            for woken in bucket:
+        for rid in self._waiters:
+            for woken in self._of(rid):
                 _wake(woken)
         return self.waiting
 
-    def unsubscribe(self, request_id: str, woken: asyncio.Future[V | None]) -> None:
+    def unsubscribe(self, request_id: str, woken: asyncio.Future[V | None], tick: int | None = None) -> None:
         bucket = self._waiters.get(request_id)
-        if bucket is not None:
+        if bucket is woken:
+            del self._waiters[request_id]
+        elif isinstance(bucket, set):
             bucket.discard(woken)
-            if not bucket:
-                del self._waiters[request_id]
+            if len(bucket) == 1:
+                self._waiters[request_id] = bucket.pop()
+        timed = self._ticks.get(tick) if tick is not None else None
+        if timed is not None:
+            timed.discard(woken)  # its timer stays, and finds the tick empty or gone
 
     async def poll_other_processes(
         self, recently_decided: RecentlyDecided, interval: float, overlap: float = 5.0

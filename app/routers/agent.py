@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import email.message
 import functools
 import inspect
@@ -498,18 +497,13 @@ async def wait_for(runtime: Runtime, agent: str, request_id: str, timeout: float
     ``timeout`` seconds as it is then; 404 for a request not the agent's; :class:`Draining`
     (503 with ``Retry-After``) for one undecided while this server stops."""
     timeout = min(timeout, runtime.settings.max_wait_seconds)
-    woken = runtime.hub.subscribe(request_id)
+    woken, tick = runtime.hub.subscribe(request_id, timeout or None)
     try:
         current = await _own(runtime, agent, request_id)
         if current.status in TERMINAL or timeout == 0:
             return current
         del current  # a parked waiter holds no copy of its request
-        answer = None
-        try:
-            async with asyncio.timeout(timeout):  # no extra task: woken in one loop turn
-                answer = await woken
-        except TimeoutError:
-            pass
+        answer = await woken  # a decision, the drain, or the timeout (then None)
         # Woken by a commit of this server: answered as it committed, without reading again.
         if answer is not None and answer.agent_id == agent:
             return answer
@@ -518,7 +512,7 @@ async def wait_for(runtime: Runtime, agent: str, request_id: str, timeout: float
             raise Draining(request_id)  # 503 with Retry-After: re-attach to another server
         return current
     finally:
-        runtime.hub.unsubscribe(request_id, woken)
+        runtime.hub.unsubscribe(request_id, woken, tick)
 
 
 @router.post(

@@ -186,7 +186,7 @@ async def test_a_callback_needs_a_transaction(runtime: Runtime) -> None:
 async def test_a_decision_wakes_its_waiters_at_commit_and_a_rolled_back_one_never(runtime: Runtime) -> None:
     async with transaction(runtime.sessions) as s:
         req = await make_request(s, runtime.config)
-    woken = runtime.hub.subscribe(req.id)
+    woken, _ = runtime.hub.subscribe(req.id)
     runtime.outbox_wake.clear()
 
     async def approve(s: AsyncSession) -> bool:
