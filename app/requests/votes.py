@@ -21,6 +21,7 @@ from signoff.app.db import core_row, insert_unless_taken
 from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.requests import edits, grants
 from signoff.app.requests.activity import gate_names, log_after_commit
+from signoff.app.requests.canonical import same
 from signoff.app.requests.eligibility import (
     NOT_AN_APPROVER,
     GateSnapshot,
@@ -90,6 +91,15 @@ def _same_decision(votes: Sequence[Vote], verdict: Verdict, grant: GrantChoice |
     """Whether ``votes`` (one person's) all are ``verdict`` with ``grant``: a repeat of them."""
     chosen = grant.as_dict() if grant is not None else None
     return bool(votes) and all(v.verdict == verdict.value and v.grant_choice == chosen for v in votes)
+
+
+def _same_changes(req: ConfirmationRequest, verdict: Verdict, changes: Mapping[str, Any]) -> bool:
+    """Whether ``changes`` are the ones ``req`` (decided) was decided with: an approval with other
+    changes, or with none after an approval with changes, is another decision, and so is a
+    rejection that changes arguments."""
+    if verdict is not Verdict.APPROVE or req.status != Status.APPROVED:
+        return not changes
+    return same(changes, edits.approved_changes(req))
 
 
 def _repeat_message(req: ConfirmationRequest, verdict: Verdict) -> str:
@@ -176,8 +186,10 @@ async def apply_vote(
     if req.status != Status.PENDING:
         # The callback contract: the same person's same decision again is answered with the
         # decision as it stands; anything else names the final state and who made it.
-        if req.status not in _GONE and _same_decision(
-            await _own_votes(session, request_id, voter, config), verdict, grant
+        if (
+            req.status not in _GONE
+            and _same_changes(req, verdict, changes)
+            and _same_decision(await _own_votes(session, request_id, voter, config), verdict, grant)
         ):
             return await answered(_repeat_message(req, verdict), ClickAnswer.REPEATED)
         return await answered(describe_decided(req), _decided_answer(req))
