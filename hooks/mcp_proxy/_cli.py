@@ -73,12 +73,12 @@ async def _serve_http(proxy: GatingProxy, config: ProxyConfig, stopper: list[Cal
     import anyio
     import uvicorn
 
-    from signoff.hooks.mcp_proxy._http import bearer_only
+    from signoff.hooks.mcp_proxy._http import bearer_only, loopback_guard
 
     assert config.listen is not None
     host, port = config.listen
     sock = _listening_socket(host, port)
-    app = proxy.server.streamable_http_app(host=host)
+    app = proxy.server.streamable_http_app(host=host, transport_security=loopback_guard(host))
     asgi = bearer_only(app, config.listen_token) if config.listen_token else app
 
     class Server(uvicorn.Server):
