@@ -538,6 +538,23 @@ def _malformed_changes(request: Mapping[str, Any]) -> bool:
     return changes not in (None, []) and approved_edits(request) is None
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _carries_edits(request: Mapping[str, Any], modified: Mapping[str, Any] | None) -> bool:
+    """Whether an allow's ``modified`` arguments hold every change its request record names, at
+    its approved value (type included: ``1`` is not ``1.0`` nor ``true``)."""
+    if _malformed_changes(request):
+        return False
+    edits = approved_edits(request)
+    if not edits:
+        return True
+    return modified is not None and all(
+        name in modified and _canonical(modified[name]) == _canonical(value) for name, value in edits.items()
+    )
+
+
 def _approved(
     data: Mapping[str, Any], request_id: str, base: Mapping[str, Any] | None, modified: dict[str, Any] | None
 ) -> GateDecision:
@@ -656,8 +673,12 @@ def interpret_submit(reply: HttpReply | TransportFailure) -> tuple[_Verdict, dic
     status = request.get("status") if request is not None else None
     decision = data.get("decision")
     if decision == Decision.ALLOW:
-        # An allow that contradicts its own request record is not trusted.
+        # An allow that contradicts its own request record is not trusted: a status other than
+        # approved, or changes the approver made that its arguments do not carry (the call
+        # would run as proposed).
         if status not in (None, "approved") or (request is not None and status is None):
+            return malformed, None
+        if request is not None and not _carries_edits(request, modified):
             return malformed, None
         return _Final(GateDecision(True, reason, request_id, modified, request=request)), modified
     if decision == Decision.DENY:
