@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
@@ -53,10 +53,26 @@ async def list_requests(
     before: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[RequestOut]:
-    """Requests, newest first, filtered by status, agent, tool; page with ``before``."""
-    which = RequestFilter(status=status_, agent=agent, tool=tool, before=before)
+    """Requests, newest first, filtered by status, agent, tool; page with ``before`` (a time
+    without a zone is UTC)."""
+    which = RequestFilter(status=status_, agent=agent, tool=tool, before=_utc(before))
     rows = await queries.list_requests(session, which, limit=limit)
     return await queries.request_outs(session, rows)
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """``moment`` in UTC (one without a zone is UTC, as the command line and the console read
+    it); 422 for one whose UTC falls outside the years a date can hold."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"before {moment.isoformat()} is out of range in UTC"
+        ) from None
 
 
 async def _admin_view(session: AsyncSession, request_id: str) -> AdminRequestOut:
