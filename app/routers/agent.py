@@ -52,7 +52,7 @@ from signoff.app.schemas import (
     Unprocessable,
 )
 from signoff.app.waiters import Draining
-from signoff.hooks import Decision, HookContext, HookRegistry, HookResult
+from signoff.hooks import DEFAULT_HOOK_TIMEOUT, Decision, HookContext, HookRegistry, HookResult
 
 router = APIRouter(prefix="/v1", tags=["agent"], route_class=StrictJSONRoute)
 
@@ -337,13 +337,14 @@ async def _run_hooks(
     the approved call a post-tool-use report closed; None for an agent the configuration does
     not name."""
     registry = runtime.registries.get(agent)
-    if registry is None:
-        return None
-    services = GateService.for_call(session, runtime, agent, time_limit=registry.timeout)
+    timeout = registry.timeout if registry is not None else DEFAULT_HOOK_TIMEOUT
+    services = GateService.for_call(session, runtime, agent, time_limit=timeout)
     ctx = _context(agent, body, services)
     receipt = None
     if point == "post_tool_use":
-        # The call ran: the approval it ran under (if any) allows nothing more.
+        # The call ran: the approval it ran under (if any) allows nothing more, even when a
+        # reload has taken the agent out of the configuration since (its key still reports,
+        # and the agent may be put back while the approval would still be valid).
         receipt = await record_executed(
             session,
             runtime.reads,
@@ -356,6 +357,8 @@ async def _run_hooks(
             error=body.error if isinstance(body, PostToolUseIn) else None,
             session_id=ctx.session_id,
         )
+    if registry is None:
+        return None
     result = await _RUN[point](registry, ctx)
     if point == "pre_tool_use":
         # The kernel's answer applied: a new request written, a grant's use counted.
