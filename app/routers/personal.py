@@ -62,12 +62,14 @@ TokenVoterDep = Annotated[Voter, Depends(token_voter)]
 @router.post(
     "/requests/{request_id}/decision",
     response_model=RequestOut,
-    responses={**ERRORS, 409: {"model": Problem}, 422: {"model": Unprocessable}},
+    responses={**ERRORS, 409: {"model": Problem}, 410: {"model": Problem}, 422: {"model": Unprocessable}},
 )
 async def decide_as_token_holder(
     request_id: str, body: PersonalDecisionIn, voter: TokenVoterDep, runtime: RuntimeDep
 ) -> RequestOut | JSONResponse:
-    """Approve or reject as the token's person (a vote like any other; 409 if refused)."""
+    """Approve or reject as the token's person (a vote like any other). The callback contract:
+    the same decision again answers 200 with the request as it stands; a refused or conflicting
+    one 409; one on an expired or cancelled request 410."""
     async with transaction(runtime.sessions) as session:
         result = await decide(
             session,
@@ -80,8 +82,12 @@ async def decide_as_token_holder(
         )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
-    if not result.accepted:
-        return JSONResponse({"detail": result.message}, status.HTTP_409_CONFLICT)
+    if not result.answer.ok:
+        # The callback contract: 409 names the final state and who made it; 410: the request
+        # expired or was cancelled. The same decision again is no refusal: 200, as it stands.
+        return JSONResponse(
+            {"detail": result.message, "status": result.request.status}, result.answer.status_code
+        )
     # Read once the decision has committed: the waiting agents answer first.
     async with runtime.reads() as reads:
         (shown,) = await queries.request_outs(reads, [result.request])
