@@ -172,7 +172,13 @@ def _why_not_json(raw: bytes, exc: ValueError) -> str:
     except (ValueError, RecursionError):
         return f"the body is not valid JSON: {exc}"
     why = unstorable_in(lenient)
-    return why or "NaN and Infinity are not JSON numbers"
+    if why is not None:
+        return why
+    if _infinite_at(lenient) is not None:
+        return "NaN and Infinity are not JSON numbers"
+    # Read by the standard library only for what it allows beyond the rule: a byte order
+    # mark, UTF-16 or UTF-32, nesting deeper than the parser's limit.
+    return f"the body is not valid JSON (send it as UTF-8, without a byte order mark): {exc}"
 
 
 def scrubbed(value: Any) -> Any:
