@@ -7,11 +7,25 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from signoff.app.bodies import Refused, parse_json
+from signoff.app.requests.votes import VoteResult
 
-__all__ = ["StrictJSONRequest", "StrictJSONRoute"]
+__all__ = ["StrictJSONRequest", "StrictJSONRoute", "refusal"]
+
+
+def refusal(result: VoteResult) -> JSONResponse | None:
+    """A decision through the API refused, answered by the callback contract (None: it was
+    recorded, or repeated the same person's same decision: 200 with the request as it stands).
+    409 names the final state and who made it; 410: the request expired or was cancelled; 422:
+    what the vote asked cannot be (changes the gates do not allow). Answered, not raised: the
+    refusal's audit event is committed with the answer."""
+    if result.answer.ok:
+        return None
+    code = 422 if result.unprocessable else result.answer.status_code
+    return JSONResponse({"detail": result.message, "status": result.request.status}, code)
 
 
 class StrictJSONRequest(Request):

@@ -19,7 +19,7 @@ from signoff.app.operators import GrantNamed, decide
 from signoff.app.queries import RequestFilter
 from signoff.app.replicas import live_replicas
 from signoff.app.requests import grants
-from signoff.app.routers import StrictJSONRoute
+from signoff.app.routers import StrictJSONRoute, refusal
 from signoff.app.schemas import (
     AdminRequestOut,
     AuditEventOut,
@@ -125,11 +125,8 @@ async def decide_request(
         )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
-    if not result.answer.ok:
-        # Answered, not raised: the refusal's audit event is committed with the answer. 409
-        # names the final state and who made it; 410: the request expired or was cancelled.
-        code = status.HTTP_422_UNPROCESSABLE_CONTENT if result.unprocessable else result.answer.status_code
-        return JSONResponse({"detail": result.message, "status": result.request.status}, code)
+    if (refused := refusal(result)) is not None:
+        return refused
     # Read once the decision has committed (the waiting agents answer first): the trail
     # with it.
     async with runtime.reads() as reads:

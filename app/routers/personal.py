@@ -15,7 +15,7 @@ from signoff.app.db import transaction
 from signoff.app.deps import Credentials, RuntimeDep
 from signoff.app.operators import decide
 from signoff.app.requests.eligibility import Voter
-from signoff.app.routers import StrictJSONRoute
+from signoff.app.routers import StrictJSONRoute, refusal
 from signoff.app.schemas import Problem, RequestOut, Text, Unprocessable
 from signoff.channels import MAX_REASON_CHARS, Assurance, Verdict
 
@@ -82,12 +82,8 @@ async def decide_as_token_holder(
         )
     if result is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no request {request_id!r}")
-    if not result.answer.ok:
-        # The callback contract: 409 names the final state and who made it; 410: the request
-        # expired or was cancelled. The same decision again is no refusal: 200, as it stands.
-        return JSONResponse(
-            {"detail": result.message, "status": result.request.status}, result.answer.status_code
-        )
+    if (refused := refusal(result)) is not None:
+        return refused
     # Read once the decision has committed: the waiting agents answer first.
     async with runtime.reads() as reads:
         (shown,) = await queries.request_outs(reads, [result.request])
