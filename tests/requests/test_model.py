@@ -484,7 +484,17 @@ class Model:
             return refused("the request's gates do not offer that grant")
         key = person(operator) or f"web:{operator.strip().casefold()}"
         if r.status != PENDING:
-            if r.status in (APPROVED, REJECTED) and _repeats(r, key, verdict, choice):
+            # The same decision: the same verdict and grant, and the changes it was approved with.
+            asked = {
+                n: canonical(v) for n, v in (edit or {}).items() if held(r.call.arguments, n) != canonical(v)
+            }
+            made = {
+                n: canonical(v)
+                for n, v in (r.approved or {}).items()
+                if held(r.call.arguments, n) != canonical(v)
+            }
+            same_changes = asked == made if verdict == "approve" and r.status == APPROVED else not asked
+            if r.status in (APPROVED, REJECTED) and same_changes and _repeats(r, key, verdict, choice):
                 return Outcome(False, False, "the same decision again", status=r.status, repeat=True)
             return refused(f"the request is {r.status}")
         if now >= r.expires_at:
