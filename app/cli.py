@@ -969,7 +969,10 @@ SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]
 
 
 def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) -> None:
-    from signoff.app.switches import set_switch
+    from signoff.app.switches import set_switch, unwatched
+
+    if (why := unwatched(_config(_settings(), needed_for="a switch"), switch)) is not None:
+        raise CliError(why, 1)
 
     async def work(session: AsyncSession, settings: Settings) -> None:
         await set_switch(session, switch, on=on, actor=_cli_actor(as_), reason=reason)

@@ -8,9 +8,34 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app import audit
 from signoff.app.audit import Action, Actor
+from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
+from signoff.app.config import SignoffConfig
 from signoff.app.models import Switch, utcnow
 
-__all__ = ["is_switch_on", "list_switches", "set_switch"]
+__all__ = ["guarded_switches", "is_switch_on", "list_switches", "set_switch", "unwatched"]
+
+
+def guarded_switches(config: SignoffConfig) -> dict[str, list[str]]:
+    """Each switch a configured ``readonly_guard`` watches (by name), with the agents it guards."""
+    watched: dict[str, list[str]] = {}
+    for agent, cfg in sorted(config.agents.items()):
+        for switch in dict.fromkeys(h.switch for h in cfg.hooks if isinstance(h, ReadOnlyGuard)):
+            watched.setdefault(switch, []).append(agent)
+    return dict(sorted(watched.items()))
+
+
+def unwatched(config: SignoffConfig, name: str) -> str | None:
+    """Why a switch ``name`` cannot be set: no ``readonly_guard`` watches it (an operator who
+    turned on ``READ_ONLY`` would believe the agents stopped while ``read_only`` stays off).
+    None when one does."""
+    watched = guarded_switches(config)
+    if name in watched:
+        return None
+    known = ", ".join(repr(n) for n in watched) or "none"
+    return (
+        f"no readonly_guard watches a switch {name!r} (watched: {known}): check the spelling, or "
+        "add a readonly_guard for it to an agent's hooks first"
+    )
 
 
 async def is_switch_on(session: AsyncSession, name: str) -> bool:

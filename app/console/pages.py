@@ -15,7 +15,6 @@ from signoff.app import queries
 from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
-from signoff.app.builtin_hooks.readonly_guard import ReadOnlyGuard
 from signoff.app.channel_types import is_chat
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import duration, summarize, time_left
@@ -35,6 +34,7 @@ from signoff.app.requests.eligibility import (
 from signoff.app.requests.states import EXPIRY, get_request
 from signoff.app.requests.tally import GateApprovals, approvals_by_gate, per_gate, votes_for
 from signoff.app.schemas import AuditVerifyOut
+from signoff.app.switches import guarded_switches
 from signoff.channels import ArgumentChange, GrantChoice, edit_input
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "RequestView",
     "audit_view",
     "config_view",
-    "guarded_switches",
     "queue_view",
     "request_rows",
     "request_view",
@@ -448,12 +447,3 @@ def config_view(config: SignoffConfig) -> ConfigView:
         redact=sorted(config.redact),
         guarded=guarded_switches(config),
     )
-
-
-def guarded_switches(config: SignoffConfig) -> dict[str, list[str]]:
-    """Each switch a configured ``readonly_guard`` watches (by name), with the agents it guards."""
-    watched: dict[str, list[str]] = {}
-    for agent, cfg in sorted(config.agents.items()):
-        for switch in dict.fromkeys(h.switch for h in cfg.hooks if isinstance(h, ReadOnlyGuard)):
-            watched.setdefault(switch, []).append(agent)
-    return dict(sorted(watched.items()))

@@ -25,7 +25,7 @@ from signoff.app.deps import ReadsDep, RuntimeDep, SessionDep, client_address
 from signoff.app.models import Status, utcnow
 from signoff.app.replicas import live_replicas
 from signoff.app.requests import grants
-from signoff.app.switches import list_switches, set_switch
+from signoff.app.switches import list_switches, set_switch, unwatched
 from signoff.channels import MAX_REASON_CHARS
 
 __all__ = ["router"]
@@ -625,9 +625,8 @@ async def flip_switch(
     """Turn a switch a ``readonly_guard`` watches on or off as the signed-in operator (audited)."""
     if not who.may_operate(runtime.config):
         return _operators_only(request, who, "turn switches on or off")
-    if name not in pages.guarded_switches(runtime.config):
-        message = f"No readonly_guard watches a switch {name!r}: add one to an agent's hooks first."
-        context = {"who": who, "title": "No such switch", "message": message}
+    if (why := unwatched(runtime.config, name)) is not None:
+        context = {"who": who, "title": "No such switch", "message": why[0].upper() + why[1:] + "."}
         return page(request, "error.html", context, status_code=404)
     on = form.get("on") == "1"
     reason = without_unstorable(str(form.get("reason") or "")).strip()[:MAX_REASON_CHARS] or None

@@ -219,13 +219,21 @@ async def list_switches(session: ReadsDep) -> list[SwitchOut]:
     return [SwitchOut.model_validate(r, from_attributes=True) for r in await switches.list_switches(session)]
 
 
-@router.put("/switches/{name}", response_model=SwitchOut, responses={**ERRORS, 422: {"model": Unprocessable}})
+@router.put(
+    "/switches/{name}",
+    response_model=SwitchOut,
+    responses={**ERRORS, 404: {"model": Problem}, 422: {"model": Unprocessable}},
+)
 async def update_switch(
     name: Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")],
     body: SwitchIn,
     session: SessionDep,
+    runtime: RuntimeDep,
 ) -> SwitchOut:
-    """Turn a switch on or off as a named operator (audited)."""
+    """Turn a switch a ``readonly_guard`` watches on or off as a named operator (audited); 404
+    for a switch none watches."""
+    if (why := switches.unwatched(runtime.config, name)) is not None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, why)
     actor = Actor("web", body.operator, body.operator)
     row = await switches.set_switch(session, name, on=body.on, actor=actor, reason=body.reason)
     return SwitchOut.model_validate(row, from_attributes=True)
