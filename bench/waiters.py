@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import resource
 import subprocess
@@ -101,6 +100,7 @@ def client_main(argv: list[str]) -> None:
     p.add_argument("--key", required=True)
     p.add_argument("--ids", type=Path, required=True)
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--report", type=Path, required=True)
     args = p.parse_args(argv)
     ids = args.ids.read_text().split()
     raise_fd_limit(len(ids) + 100)
@@ -110,10 +110,9 @@ def client_main(argv: list[str]) -> None:
 
         runner = uvloop.run
     out = runner(park(args.host, args.port, args.key, ids, args.timeout))
-    # The event loop may leave the inherited pipe non-blocking; a report larger than the pipe
-    # would then be cut short when the reader is not reading yet.
-    os.set_blocking(sys.stdout.fileno(), True)
-    print(json.dumps(out), flush=True)
+    # A file, not the pipe: the event loop may leave an inherited pipe non-blocking, and a
+    # report larger than the pipe's buffer was then cut short.
+    args.report.write_text(json.dumps(out))
 
 
 # --- the orchestrator -----------------------------------------------------------------------
@@ -179,8 +178,19 @@ def measure(db: str, count: int, *, verbose: bool = True, env: dict[str, str] | 
         id_file = s.tmp / "ids.txt"
         id_file.write_text("\n".join(ids))
         t0 = time.monotonic()
+        report_file = s.tmp / "report.json"
         client = subprocess.Popen(
-            [*CLIENT, "--port", str(s.port), "--key", s.key, "--ids", str(id_file)],
+            [
+                *CLIENT,
+                "--port",
+                str(s.port),
+                "--key",
+                s.key,
+                "--ids",
+                str(id_file),
+                "--report",
+                str(report_file),
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
@@ -206,7 +216,9 @@ def measure(db: str, count: int, *, verbose: bool = True, env: dict[str, str] | 
         finally:
             if client.poll() is None:
                 client.kill()
-        report = json.loads(out.strip().splitlines()[-1])
+        if client.returncode != 0 or not report_file.exists():
+            raise RuntimeError(f"the waiting client failed ({client.returncode}): {(out or '')[-2000:]}")
+        report = json.loads(report_file.read_text())
         time.sleep(0.5)
         rss_after = s.rss_mib()
     results: dict[str, str] = report["results"]
