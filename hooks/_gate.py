@@ -59,6 +59,7 @@ __all__ = [
     "gate_flow",
     "interpret_request",
     "interpret_submit",
+    "json_safe",
     "key_digest",
     "make_idempotency_key",
     "report_body",
@@ -427,6 +428,16 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def json_safe(arguments: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``arguments`` as Signoff receives them (through JSON, as a request body carries them),
+    or None when they cannot be sent as JSON (NaN, a value that encodes as no object)."""
+    try:
+        plain = json.loads(json.dumps(dict(arguments), default=_json_default, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return plain if isinstance(plain, dict) else None
 
 
 # --------------------------------------------------------------------------- interpretation

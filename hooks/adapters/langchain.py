@@ -16,6 +16,11 @@ does not run and the model gets a ``ToolMessage(status="error")`` with the reaso
 Once the tool has run (or raised), the call is reported to Signoff under the same
 idempotency key with the arguments it ran with, which uses up its approval.
 
+Signoff is asked about the arguments the tool would run with: the model's, validated by
+the tool's schema (defaults filled in, ``"true"`` made ``True``, ``"5000"`` made ``5000``),
+and the tool is then given exactly those — so a gate on ``args.force == true`` or
+``has(args.amount) && args.amount >= 50000`` sees the call the tool makes.
+
 The idempotency key is ``langchain:<thread_id>:<tool_call_id>`` (``thread_id`` from
 ``config["configurable"]``), so a graph that re-executes the node on resume
 re-attaches to the same Signoff request instead of creating a second one.
@@ -32,13 +37,14 @@ import asyncio
 import functools
 import inspect
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 try:
     from langchain.agents.middleware import AgentMiddleware, AgentState, ToolCallRequest
     from langchain_core.messages import ToolMessage
     from langgraph.types import Command
+    from pydantic import BaseModel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     from signoff.hooks._install import install_hint
 
@@ -46,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"signoff.hooks.adapters.langchain needs LangChain: {install_hint('langchain')}"
     ) from exc
 
+from signoff.hooks._gate import json_safe
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
 
 __all__ = ["RUNTIME", "SignoffMiddleware"]
@@ -66,6 +73,41 @@ def _thread_id(request: ToolCallRequest) -> str | None:
     configurable = config.get("configurable") if isinstance(config, dict) else None
     thread = configurable.get("thread_id") if isinstance(configurable, dict) else None
     return str(thread) if thread is not None else None
+
+
+def _validated(request: ToolCallRequest) -> tuple[ToolCallRequest, dict[str, Any] | None]:
+    """The request as its tool would run it, and its arguments as Signoff is asked about them.
+
+    The model's arguments are validated by the tool's schema as the tool itself validates them
+    (defaults of fields left out filled in, values coerced: ``"true"`` → ``True``), and the
+    request carries the validated values, so that what Signoff decides about is what runs.
+    Arguments the schema refuses are asked about as they are (the tool refuses them too).
+    The arguments asked about are None when they cannot be sent as JSON (the call is denied).
+    """
+    args = request.tool_call["args"]
+    schema = getattr(request.tool, "tool_call_schema", None)
+    if isinstance(args, Mapping) and isinstance(schema, type) and issubclass(schema, BaseModel):
+        try:
+            model = schema.model_validate(args)
+        except Exception:
+            pass
+        else:
+            # As BaseTool._parse_input passes them on: the fields given, and those with a default
+            # (not the synthetic fields of *args and **kwargs).
+            given = model.model_fields_set
+            args = {
+                name: getattr(model, name)
+                for name, field in type(model).model_fields.items()
+                if name in given or (not field.is_required() and name not in ("args", "kwargs"))
+            }
+            request = request.override(tool_call={**request.tool_call, "args": args})
+    return request, json_safe(args) if isinstance(args, Mapping) else None
+
+
+def _not_json(name: str) -> GateDecision:
+    return GateDecision(
+        False, f"the arguments of {name} cannot be sent to Signoff as JSON", failure=GateFailure.UNAVAILABLE
+    )
 
 
 def _crashed(exc: Exception) -> GateDecision:
@@ -146,9 +188,11 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             return self._denied(request, _ASYNC_IN_SYNC)
         call = self._call(request)
         try:
-            decision = self.client.pre_tool_use(
-                name, request.tool_call["args"], **call, deadline=self.deadline
-            )
+            request, asked = _validated(request)
+            if asked is None:
+                decision = _not_json(name)
+            else:
+                decision = self.client.pre_tool_use(name, asked, **call, deadline=self.deadline)
         except Exception as exc:
             decision = _crashed(exc)
         if not decision.allowed:
@@ -173,9 +217,13 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             return await handler(request)
         call = self._call(request)
         try:
-            decision = await self._run(
-                self.client.pre_tool_use, name, request.tool_call["args"], **call, deadline=self.deadline
-            )
+            request, asked = _validated(request)
+            if asked is None:
+                decision = _not_json(name)
+            else:
+                decision = await self._run(
+                    self.client.pre_tool_use, name, asked, **call, deadline=self.deadline
+                )
         except Exception as exc:
             decision = _crashed(exc)
         if not decision.allowed:

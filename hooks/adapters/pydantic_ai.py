@@ -11,14 +11,20 @@ Each covered call is deferred (``ApprovalRequired``) in ``before_tool_execute``,
 resolved inline in ``handle_deferred_tool_calls`` — the path Pydantic AI recommends,
 with ``DeferredToolRequestsEvent`` / ``DeferredToolResultsEvent`` and ``answered_by``.
 Calls deferred in the same step are asked concurrently. An allow becomes
-``ToolApproved`` (with Signoff's rewritten arguments, if any); anything else —
-a denial, the deadline, Signoff unreachable, an error — becomes ``ToolDenied``, so
-the model sees the reason as the tool's answer and the tool body never runs.
+``ToolApproved`` (with the approved arguments); anything else — a denial, the deadline,
+Signoff unreachable, an error — becomes ``ToolDenied``, so the model sees the reason as
+the tool's answer and the tool body never runs.
+
+Signoff is asked about the arguments the tool would run with: the model's, *validated*
+by the tool's schema (defaults filled in, ``"true"`` made ``True``, ``"5000"`` made
+``5000``), not the model's text — a gate on ``args.force == true`` or
+``has(args.amount) && args.amount >= 50000`` sees the call the tool would make.
 
 The approved call passes ``before_tool_execute`` again with ``ctx.tool_call_approved``;
-it runs only if *this* capability approved it. A call approved by something else (an
-earlier capability, or the application's ``deferred_tool_results``) is checked with
-Signoff inline and skipped with the denial as its result if Signoff does not allow it.
+it runs only if *this* capability approved it, with the arguments approved (validated
+again, they must come out as approved, else it is skipped). A call approved by something
+else (an earlier capability, or the application's ``deferred_tool_results``) is checked
+with Signoff inline and skipped with the denial as its result if Signoff does not allow it.
 
 Once a covered call has run (``after_tool_execute``, or ``on_tool_execute_error`` when
 the tool raised), it is reported to Signoff under the same idempotency key with the
@@ -56,6 +62,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"signoff.hooks.adapters.pydantic_ai needs Pydantic AI: {install_hint('pydantic-ai')}"
     ) from exc
 
+from signoff.hooks._gate import describe_changes, json_safe
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
 
 __all__ = ["RUNTIME", "SignoffApprovals"]
@@ -113,11 +120,21 @@ class SignoffApprovals(AbstractCapability[Any]):
         if not self.covers(call.tool_name):
             return args
         if not ctx.tool_call_approved:
-            raise ApprovalRequired(metadata={_MARK: "ask"})
+            # Signoff is asked about the validated arguments, the ones the tool runs with.
+            raise ApprovalRequired(metadata={_MARK: "ask", "arguments": json_safe(args)})
         metadata = ctx.tool_call_metadata
         if isinstance(metadata, dict) and metadata.get(_MARK) == "approved":
-            return args  # approved by our handler; ToolApproved already applied any rewrite
-        decision = await self._ask(ctx, call, args)
+            # Approved by our handler, which passed the approved arguments as ToolApproved's
+            # override; validated again, they must still be the approved ones.
+            approved = metadata.get("arguments")
+            ran = json_safe(args)
+            if approved is not None and ran == approved:
+                return args
+            raise SkipToolExecution(
+                f"The tool call was not run: its arguments, validated, are not the ones Signoff "
+                f"approved ({describe_changes(approved or {}, ran or {})})."
+            )
+        decision = await self._ask(ctx, call, json_safe(args))
         if decision.allowed:
             return decision.arguments(args)
         raise SkipToolExecution(_denial(decision))
@@ -133,15 +150,19 @@ class SignoffApprovals(AbstractCapability[Any]):
         ]
         if not ours:
             return None
-        decisions = await asyncio.gather(*(self._ask(ctx, call, None) for call in ours))
+        asked = [requests.metadata[call.tool_call_id].get("arguments") for call in ours]
+        decisions = await asyncio.gather(
+            *(self._ask(ctx, call, arguments) for call, arguments in zip(ours, asked, strict=True))
+        )
         approvals: dict[str, ToolApproved | ToolDenied] = {}
         metadata: dict[str, dict[str, Any]] = {}
         answered_by: dict[str, str] = {}
-        for call, decision in zip(ours, decisions, strict=True):
+        for call, arguments, decision in zip(ours, asked, decisions, strict=True):
             cid = call.tool_call_id
-            if decision.allowed:
-                approvals[cid] = ToolApproved(override_args=decision.modified_arguments)
-                metadata[cid] = {_MARK: "approved", "request_id": decision.request_id}
+            if decision.allowed and isinstance(arguments, dict):
+                approved = decision.arguments(arguments)
+                approvals[cid] = ToolApproved(override_args=approved)
+                metadata[cid] = {_MARK: "approved", "request_id": decision.request_id, "arguments": approved}
             else:
                 approvals[cid] = ToolDenied(_denial(decision))
             answered_by[cid] = _answered_by(decision)
@@ -189,12 +210,16 @@ class SignoffApprovals(AbstractCapability[Any]):
             "idempotency_key": make_idempotency_key(RUNTIME, session, call.tool_call_id),
         }
 
-    async def _ask(
-        self, ctx: RunContext[Any], call: ToolCallPart, args: dict[str, Any] | None
-    ) -> GateDecision:
-        """One Signoff decision; never raises (errors deny)."""
+    async def _ask(self, ctx: RunContext[Any], call: ToolCallPart, arguments: Any) -> GateDecision:
+        """One Signoff decision about ``arguments``, the call's validated arguments as JSON (None:
+        they could not be made JSON); never raises (errors deny)."""
         try:
-            arguments = args if args is not None else call.args_as_dict()
+            if not isinstance(arguments, dict):
+                return GateDecision(
+                    False,
+                    f"the arguments of {call.tool_name} cannot be sent to Signoff as JSON",
+                    failure=GateFailure.UNAVAILABLE,
+                )
             options = {**self._call(ctx, call), "deadline": self.deadline}
             if isinstance(self.client, AsyncGateClient):
                 return await self.client.pre_tool_use(call.tool_name, arguments, **options)
