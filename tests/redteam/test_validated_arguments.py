@@ -240,3 +240,50 @@ async def test_pydantic_ai_runs_nothing_that_validates_into_other_arguments_than
         result = await asyncio.wait_for(task, 30)
     assert paid == [], "validated again it would pay 120,000, which nobody approved"
     assert "not the ones Signoff approved (amount: 60000 → 120000)" in result.output
+
+
+# --------------------------------------------------------------------------- OpenAI Agents SDK
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "the SDK interrupts a call its validation would change (needs_approval is not consulted), "
+        "but SignoffApprovals.decide asks Signoff about the model's text (item.arguments) and "
+        "approves the interruption, so the tool runs with the validated arguments nobody was asked about"
+    ),
+)
+@pytest.mark.parametrize(("tool", "args"), [("delete_tree", FORCED), ("pay_invoice", NO_AMOUNT)])
+async def test_openai_agents_asks_about_what_the_tool_runs_with(
+    tool: str, args: dict[str, Any], server: Server, agent_key: str, admin_headers: dict[str, str]
+) -> None:
+    pytest.importorskip("agents")
+    from agents import Agent, RunConfig, function_tool
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from signoff.hooks.adapters.openai_agents import SignoffApprovals
+
+    ran: list[dict[str, Any]] = []
+    async with fast(AsyncGateClient, server, agent_key) as client:
+        signoff = SignoffApprovals(client, session_id="conv-1")
+
+        @function_tool(needs_approval=signoff.needs_approval("delete_tree"))
+        def delete_tree(path: str, force: bool = False) -> str:
+            """Delete a directory tree."""
+            ran.append({"path": path, "force": force})
+            return "deleted"
+
+        @function_tool(needs_approval=signoff.needs_approval("pay_invoice"))
+        def pay_invoice(invoice_id: str, amount: int = 90_000) -> str:
+            """Pay an invoice."""
+            ran.append({"invoice_id": invoice_id, "amount": amount})
+            return "paid"
+
+        model = ScriptedModel(
+            [[function_call(tool, dict(args), call_id="call_1")], [assistant_message("done")]]
+        )
+        agent = Agent(name="janitor", model=model, tools=[delete_tree, pay_invoice])
+        run = signoff.run(agent, "go", run_config=RunConfig(tracing_disabled=True))
+        _, requests = await reject_when_asked(server, admin_headers, run)
+    assert ran == [], "neither the forced delete nor the payment of 90,000 ran unasked"
+    assert asked(requests) == [AS_RUN if tool == "delete_tree" else PAID_AS_RUN]
