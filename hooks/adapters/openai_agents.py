@@ -23,6 +23,14 @@ sees the reason as its output. The SDK cannot run an approved call with other
 arguments, so a call Signoff approved only with changed arguments (``modified_arguments``)
 is rejected with a reason that names the approved values (fail closed).
 
+Signoff is asked about the arguments the tool runs with. The SDK validates a function
+tool's arguments before running it (defaults of fields left out filled in, ``"true"`` made
+``True``, ``"5000"`` made ``5000``) and interrupts such a call without asking
+``needs_approval``; ``resolve`` then asks Signoff about the validated values (so a gate on
+``args.force == true`` or ``has(args.amount) && args.amount >= 50000`` sees the call the
+tool makes), and rejects a call whose validated arguments the SDK cannot show without
+running the tool's own validators (fail closed).
+
 Executed calls are reported to Signoff (under the same idempotency key, with the
 arguments they ran with) by the run hooks ``hooks`` (``on_tool_end``), which ``run(...)``
 passes to ``Runner.run``; pass ``hooks=signoff.hooks`` when you call ``Runner.run``
@@ -47,6 +55,7 @@ from typing import Any
 try:
     from agents import (
         Agent,
+        FunctionTool,
         RunContextWrapper,
         RunHooks,
         Runner,
@@ -64,10 +73,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"signoff.hooks.adapters.openai_agents needs the OpenAI Agents SDK: {install_hint('openai-agents')}"
     ) from exc
 
-from signoff.hooks._gate import describe_changes
+from signoff.hooks._gate import describe_changes, json_safe
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure
 
-__all__ = ["RUNTIME", "NeedsApproval", "SignoffApprovals", "SignoffRunHooks"]
+__all__ = ["RUNTIME", "NeedsApproval", "SignoffApprovals", "SignoffRunHooks", "run_arguments"]
 
 RUNTIME = "openai-agents"
 
@@ -83,6 +92,40 @@ def _rejection(decision: GateDecision) -> str:
     if decision.failure is not None:
         return f"The tool call was not run: Signoff could not confirm it ({decision.reason})."
     return f"The tool call was denied: {decision.reason or 'denied by Signoff'}."
+
+
+def run_arguments(tool: Tool | None, name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
+    """The arguments the SDK runs ``tool``'s call with, as JSON: ``arguments`` (the model's)
+    when it runs them as they are, else its validated values (defaults filled in, values
+    converted); why not when the SDK cannot tell them without running the tool's own code.
+
+    A tool that is not a function tool the SDK validates (a hosted tool, an MCP tool, a
+    ``FunctionTool`` of the application's own) is given the model's arguments as they are.
+    """
+    if not isinstance(tool, FunctionTool):
+        return arguments
+    prepare = getattr(tool.on_invoke_tool, "prepare_arguments", None)
+    prepared = prepare(json.dumps(arguments), name) if prepare is not None else None
+    if prepare is None or prepared is None or prepared.unchanged:
+        return arguments
+    # The validated values by name: the parameters are the schema's properties, in order; the
+    # SDK preparing them again must find them unchanged and the same, else the names are wrong.
+    names = list(tool.params_json_schema.get("properties", {}))
+    if len(prepared.args) <= len(names):
+        validated = json_safe({**dict(zip(names, prepared.args, strict=False)), **prepared.kwargs})
+        again = prepare(json.dumps(validated), name) if validated is not None else None
+        if (
+            validated is not None
+            and again is not None
+            and again.unchanged
+            and (again.args, again.kwargs) == (prepared.args, prepared.kwargs)
+        ):
+            return validated
+    return (
+        f"the OpenAI Agents SDK would run {name} with other arguments than the model sent, and "
+        "cannot show which without running the tool's own validators; Signoff approves only a "
+        "call it sees as it runs (give the tool plain-typed parameters)"
+    )
 
 
 class SignoffApprovals:
@@ -139,7 +182,7 @@ class SignoffApprovals:
         ask = functools.partial(self.client.pre_tool_use, tool_name, arguments, **options)
         return await asyncio.to_thread(ask)
 
-    async def report(self, context: ToolContext[Any], result: object) -> None:
+    async def report(self, context: ToolContext[Any], result: object, tool: Tool | None = None) -> None:
         """Report one executed call (``on_tool_end``): the arguments it ran with, its result."""
         try:
             arguments = json.loads(context.tool_arguments or "{}")
@@ -147,6 +190,9 @@ class SignoffApprovals:
             arguments = {"raw": context.tool_arguments}
         if not isinstance(arguments, dict):
             arguments = {"raw": arguments}
+        else:
+            ran = run_arguments(tool, context.tool_name, arguments)
+            arguments = ran if isinstance(ran, dict) else arguments
         call = self._call(context.tool_call_id)
         if isinstance(self.client, AsyncGateClient):
             await self.client.post_tool_use(context.tool_name, arguments, result, **call)
@@ -180,8 +226,15 @@ class SignoffApprovals:
                 return _refused("its arguments are not valid JSON")
             if not isinstance(arguments, dict):
                 return _refused("its arguments are not a JSON object")
+            name = item.name or ""
+            tools = getattr(item.agent, "tools", ())
+            tool = next((t for t in tools if isinstance(t, FunctionTool) and t.name == name), None)
+            ran = run_arguments(tool, name, arguments)
+            if isinstance(ran, str):
+                return _refused(ran)
+            arguments = ran
             call_id = item.call_id or uuid.uuid4().hex
-            decision = await self._ask(item.name or "", arguments, call_id, wait=True)
+            decision = await self._ask(name, arguments, call_id, wait=True)
             approved = decision.modified_arguments
             if decision.allowed and approved not in (None, arguments):
                 assert approved is not None
@@ -256,4 +309,4 @@ class SignoffRunHooks(RunHooks[Any]):
         self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: object
     ) -> None:
         if isinstance(context, ToolContext) and context.tool_name in self.approvals.asked_tools:
-            await self.approvals.report(context, result)
+            await self.approvals.report(context, result, tool)

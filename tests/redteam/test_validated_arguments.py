@@ -245,14 +245,6 @@ async def test_pydantic_ai_runs_nothing_that_validates_into_other_arguments_than
 # --------------------------------------------------------------------------- OpenAI Agents SDK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the SDK interrupts a call its validation would change (needs_approval is not consulted), "
-        "but SignoffApprovals.decide asks Signoff about the model's text (item.arguments) and "
-        "approves the interruption, so the tool runs with the validated arguments nobody was asked about"
-    ),
-)
 @pytest.mark.parametrize(("tool", "args"), [("delete_tree", FORCED), ("pay_invoice", NO_AMOUNT)])
 async def test_openai_agents_asks_about_what_the_tool_runs_with(
     tool: str, args: dict[str, Any], server: Server, agent_key: str, admin_headers: dict[str, str]
@@ -287,3 +279,80 @@ async def test_openai_agents_asks_about_what_the_tool_runs_with(
         _, requests = await reject_when_asked(server, admin_headers, run)
     assert ran == [], "neither the forced delete nor the payment of 90,000 ran unasked"
     assert asked(requests) == [AS_RUN if tool == "delete_tree" else PAID_AS_RUN]
+
+
+async def test_openai_agents_runs_the_approved_call_with_the_values_asked_about_and_reports_them(
+    server: Server, agent_key: str, admin_headers: dict[str, str]
+) -> None:
+    pytest.importorskip("agents")
+    from agents import Agent, RunConfig, function_tool
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from signoff.hooks.adapters.openai_agents import SignoffApprovals
+
+    paid: list[int] = []
+    async with fast(AsyncGateClient, server, agent_key) as client:
+        signoff = SignoffApprovals(client, session_id="conv-1")
+
+        @function_tool(needs_approval=signoff.needs_approval("pay_invoice"))
+        def pay_invoice(invoice_id: str, amount: int = 90_000) -> str:
+            """Pay an invoice."""
+            paid.append(amount)
+            return "paid"
+
+        model = ScriptedModel(
+            [[function_call("pay_invoice", dict(NO_AMOUNT), call_id="call_1")], [assistant_message("done")]]
+        )
+        agent = Agent(name="payer", model=model, tools=[pay_invoice])
+        task = asyncio.ensure_future(signoff.run(agent, "go", run_config=RunConfig(tracing_disabled=True)))
+        async with admin_client(server.url, admin_headers) as admin:
+            while not (
+                pending := (await admin.get("/v1/admin/requests", params={"status": "pending"})).json()
+            ):
+                assert not task.done(), "the payment of 90,000 was not asked about"
+                await asyncio.sleep(0.05)
+            (request,) = pending
+            assert request["arguments"] == PAID_AS_RUN
+            r = await admin.post(
+                f"/v1/admin/requests/{request['id']}/decision", json={"verdict": "approve", "operator": "bob"}
+            )
+            assert r.status_code == 200, r.text
+            await asyncio.wait_for(task, 30)
+            trail = (await admin.get(f"/v1/admin/requests/{request['id']}")).json()
+    assert paid == [90_000]
+    [executed] = [e for e in trail["audit"] if e["action"] == "executed"]
+    assert executed["detail"]["arguments"] == PAID_AS_RUN  # reported as it ran
+
+
+async def test_openai_agents_rejects_a_call_whose_validated_arguments_it_cannot_see(
+    server: Server, agent_key: str, admin_headers: dict[str, str]
+) -> None:
+    """A parameter that runs the application's own validator: the SDK cannot tell the values the
+    tool would get without running it, so nothing is approved and the tool never runs."""
+    pytest.importorskip("agents")
+    from agents import Agent, RunConfig, function_tool
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from signoff.hooks.adapters.openai_agents import SignoffApprovals
+
+    paid: list[int] = []
+    async with fast(AsyncGateClient, server, agent_key) as client:
+        signoff = SignoffApprovals(client, session_id="conv-1")
+
+        @function_tool(needs_approval=signoff.needs_approval("pay_invoice"))
+        def pay_invoice(invoice_id: str, amount: Annotated[int, AfterValidator(lambda v: v * 2)]) -> str:
+            """Pay an invoice."""
+            paid.append(amount)
+            return "paid"
+
+        args = {"invoice_id": "INV-7", "amount": 30_000}
+        model = ScriptedModel(
+            [[function_call("pay_invoice", args, call_id="call_1")], [assistant_message("done")]]
+        )
+        agent = Agent(name="payer", model=model, tools=[pay_invoice])
+        result = await asyncio.wait_for(
+            signoff.run(agent, "go", run_config=RunConfig(tracing_disabled=True)), 30
+        )
+    assert paid == [], "the tool would have paid 60,000, which no one saw"
+    outputs = " ".join(str(getattr(item, "output", "")) for item in result.new_items)
+    assert "cannot show which without running the tool's own validators" in outputs
