@@ -304,12 +304,18 @@ def _escape_hidden(match: re.Match[str]) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
-def argument_json(value: Any) -> str:
+def argument_json(value: Any, *, indent: int | None = None) -> str:
     """``value`` as a card writes it: compact JSON on one line, with every character that does
     not show as itself (controls, format characters such as bidi overrides and zero-width
-    spaces, line separators) written as a ``\\u`` escape, so what a card shows is what runs."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    return _NOT_PRINTABLE_ASCII.sub(_escape_hidden, text)
+    spaces, line separators) written as a ``\\u`` escape, so what a card shows is what runs.
+
+    ``indent``: laid out over lines, that many spaces a level (as a page shows it); the line
+    breaks are the layout's own, as every one inside a value is written ``\\n``."""
+    if indent is None:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+        return _NOT_PRINTABLE_ASCII.sub(_escape_hidden, text)
+    text = json.dumps(value, ensure_ascii=False, indent=indent, default=str)
+    return "\n".join(_NOT_PRINTABLE_ASCII.sub(_escape_hidden, line) for line in text.split("\n"))
 
 
 @dataclass(frozen=True, slots=True)

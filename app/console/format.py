@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from signoff.app.redaction import REDACTED
+from signoff.channels import argument_json
 
 __all__ = ["compact_json", "duration", "iso", "pretty_json", "summarize", "time_left", "when"]
 
@@ -48,13 +49,16 @@ def compact_json(value: Any) -> str:
 
 
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=2, default=str)
+    """``value`` as indented JSON, every character that does not show as itself (a bidi
+    override, a zero-width space, a line separator) written as a ``\\u`` escape, as the cards
+    write it: what an approver reads on a page is what runs."""
+    return argument_json(value, indent=2)
 
 
 def _short(value: Any, room: int = 48) -> str:
     if value == REDACTED:
         return REDACTED
-    text = compact_json(value)
+    text = argument_json(value)
     return text if len(text) <= room else text[: room - 1] + "…"
 
 
