@@ -15,7 +15,13 @@ __all__ = ["MAX_MESSAGE_BYTES", "Action", "Notification", "render_notification"]
 MAX_MESSAGE_BYTES = 4096
 """ntfy's default ``message-size-limit``: a longer body would become an attachment."""
 _ARGUMENT_BYTES = 3000
-"""What the argument lines may take of it (the rest: what, who, time left, the request)."""
+"""What the argument lines may take of it at most (less when the rest of the message, what,
+who, time left and the request, leaves less room)."""
+_NOTICE_BYTES = 200
+"""Room kept for the line saying values are cut short or the fields do not fit."""
+_TOOL_CHARS = 250
+"""The longest tool name a message shows (written escaped, at most 12 bytes a character); a
+longer one is cut short, and the notification then offers no Approve."""
 _LINE_BYTES = 200
 """A value longer than fits a lock screen is cut short ("… N more characters"); whole in Signoff."""
 _TITLE_CHARS = 200
@@ -104,18 +110,34 @@ def render_notification(
     Approve and Reject are ``http`` actions that POST their token (the body, as text) to
     ``callback_url``, as the phone app sends them; Open is a ``view`` action to the console
     page. A gate that wants a reason for a rejection gets a Reject that opens
-    ``reject_page`` (the token's page, with a reason field) instead; a call whose argument
-    fields do not all fit offers no Approve (the whole call is in Signoff)."""
+    ``reject_page`` (the token's page, with a reason field) instead. The body stays within
+    :data:`MAX_MESSAGE_BYTES` (a longer one would reach the phone as an attachment under the
+    same actions): the arguments get the room the rest leaves, and a call whose argument fields
+    do not all fit, or whose tool name is too long to show whole, offers no Approve (the whole
+    call is in Signoff)."""
     tool, agent = _plain(card.tool_name), _plain(card.agent_id)
+    whole_tool = len(tool) <= _TOOL_CHARS
+    left = max(0, int((card.expires_at - now).total_seconds()))
+    deadline = card.expires_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    head = [f"Tool: {_cut(tool, _TOOL_CHARS)}", f"Agent: {agent}"]
+    if not whole_tool:
+        head.append("The tool's name is cut short here, so it cannot be approved here.")
+    tail = [f"Time left: {duration_text(left)} (expires {deadline})"]
+    if card.quorum > 1:
+        tail.append(f"Approvals: {len(card.approvals)} of {card.quorum}")
+    tail.append(f"Request {card.request_id}")
+    if card.require_reject_reason:
+        tail.append("Rejecting needs a reason: Reject… opens a page to give one.")
+    # The arguments get the room the rest leaves within ntfy's limit: a longer body would
+    # reach the approver as an attachment, under the same actions.
+    rest = len("\n".join([*head, "Arguments: none", *tail]).encode("utf-8")) + _NOTICE_BYTES
     view = lay_out_arguments(
         card.arguments,
-        budget=_ARGUMENT_BYTES,
+        budget=max(0, min(_ARGUMENT_BYTES, MAX_MESSAGE_BYTES - rest)),
         line_limit=_LINE_BYTES,
         size=lambda line: len(line.encode("utf-8")) + 1,
     )
-    left = max(0, int((card.expires_at - now).total_seconds()))
-    deadline = card.expires_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"Tool: {tool}", f"Agent: {agent}"]
+    lines = list(head)
     if card.arguments:
         lines.append("Arguments:")
         lines += [line.text for line in view.lines]
@@ -123,16 +145,13 @@ def render_notification(
         lines.append("Arguments: none")
     if view.notice:
         lines.append(view.notice)
-    lines.append(f"Time left: {duration_text(left)} (expires {deadline})")
-    if card.quorum > 1:
-        lines.append(f"Approvals: {len(card.approvals)} of {card.quorum}")
-    lines.append(f"Request {card.request_id}")
-    if card.require_reject_reason:
-        lines.append("Rejecting needs a reason: Reject… opens a page to give one.")
+    lines += tail
+    message = "\n".join(lines)
+    approvable = view.complete and whole_tool and len(message.encode("utf-8")) <= MAX_MESSAGE_BYTES
 
     headers = {"Content-Type": "text/plain"}
     actions: list[Action] = []
-    if view.complete:
+    if approvable:
         actions.append(Action("http", "Approve", callback_url, "POST", headers, approve_token, clear=True))
     if card.require_reject_reason:
         actions.append(Action("view", "Reject…", reject_page))
@@ -144,7 +163,7 @@ def render_notification(
     return Notification(
         topic=topic,
         title=_cut(f"Reminder: {what}" if reminder else what, _TITLE_CHARS),
-        message="\n".join(lines),
+        message=message,
         priority=priority,
         tags=("alarm_clock",) if reminder else ("lock",),
         click=card.console_url,
