@@ -290,12 +290,19 @@ MIN_SHORT_FORM_CHARS = 24
 many characters; below that the card cannot show the call, and offers no approval."""
 
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co"})
+# Unicode's default-ignorable code points outside those categories (DerivedCoreProperties.txt):
+# marks, fillers and unassigned code points that no renderer draws (the combining grapheme
+# joiner, variation selectors, Hangul fillers, U+2065, the rest of the tag plane).
+_IGNORABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180d\u180f\u2065\u3164\ufe00-\ufe0f\uffa0"
+    "\ufff0-\ufff8\U000e0000-\U000e0fff]"
+)
 _NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
 
 def _escape_hidden(match: re.Match[str]) -> str:
     char = match.group()
-    if unicodedata.category(char) not in _HIDDEN_CATEGORIES:
+    if unicodedata.category(char) not in _HIDDEN_CATEGORIES and _IGNORABLE.match(char) is None:
         return char
     code = ord(char)
     if code <= 0xFFFF:
@@ -307,7 +314,8 @@ def _escape_hidden(match: re.Match[str]) -> str:
 def argument_json(value: Any, *, indent: int | None = None) -> str:
     """``value`` as a card writes it: compact JSON on one line, with every character that does
     not show as itself (controls, format characters such as bidi overrides and zero-width
-    spaces, line separators) written as a ``\\u`` escape, so what a card shows is what runs.
+    spaces, line separators, and the other default-ignorable code points: variation selectors,
+    Hangul fillers) written as a ``\\u`` escape, so what a card shows is what runs.
 
     ``indent``: laid out over lines, that many spaces a level (as a page shows it); the line
     breaks are the layout's own, as every one inside a value is written ``\\n``."""
