@@ -36,6 +36,7 @@ from signoff.channels._contract import (
     edit_problem,
     lay_out_arguments,
     parse_edit_value,
+    shown_text,
     while_same,
 )
 
@@ -78,5 +79,6 @@ __all__ = [
     "edit_problem",
     "lay_out_arguments",
     "parse_edit_value",
+    "shown_text",
     "while_same",
 ]

@@ -57,6 +57,7 @@ __all__ = [
     "parse_edit_value",
     "reminder_text",
     "safe_url",
+    "shown_text",
     "while_same",
 ]
 
@@ -324,6 +325,13 @@ def argument_json(value: Any, *, indent: int | None = None) -> str:
         return _NOT_PRINTABLE_ASCII.sub(_escape_hidden, text)
     text = json.dumps(value, ensure_ascii=False, indent=indent, default=str)
     return "\n".join(_NOT_PRINTABLE_ASCII.sub(_escape_hidden, line) for line in text.split("\n"))
+
+
+def shown_text(text: str) -> str:
+    """``text`` from an agent (a tool name, a requester's id) as a card shows it: on one line,
+    every character that does not show as itself (a line break, a bidi override, a zero-width
+    space) written as a ``\\u`` escape, so it cannot draw lines of a card's own (``Arguments:``)."""
+    return _NOT_PRINTABLE_ASCII.sub(_escape_hidden, text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
 from signoff.app.requests.edits import argument_changes, editable_fields
 from signoff.app.requests.eligibility import GateSnapshot, card_gates, gates_of
 from signoff.app.requests.grants import given, meet, offers_of
-from signoff.channels import Card, GateProgress, GrantChoice, Person, Verdict
+from signoff.channels import Card, GateProgress, GrantChoice, Person, Verdict, shown_text
 
 __all__ = ["build_card", "escalated_to", "waiting_on"]
 
@@ -76,7 +76,8 @@ def build_card(
     def person(key: str) -> Person:
         if key in config.people:
             return Person(config.display_name(key), config.channel_id_of(key, channel_type))
-        return Person(key, key)
+        # A raw id, the requester's perhaps (the agent's user_id): shown on one line as it is.
+        return Person(shown_text(key), key)
 
     now = now or utcnow()
     gates = gates_of(req)
@@ -108,7 +109,8 @@ def build_card(
     return Card(
         request_id=req.id,
         agent_id=req.agent_id,
-        tool_name=req.tool_name,
+        # Text the agent chose, shown on one line as it is (it cannot draw a card's own lines).
+        tool_name=shown_text(req.tool_name),
         arguments=req.arguments,
         status=str(req.status.value if isinstance(req.status, Status) else req.status),
         created_at=req.created_at,
@@ -117,7 +119,7 @@ def build_card(
         approvers=tuple(person(a) for a in approvers),
         requester=person(req.requester)
         if req.requester
-        else (Person(req.user_id, req.user_id) if req.user_id else None),
+        else (Person(shown_text(req.user_id), req.user_id) if req.user_id else None),
         approvals=tuple(voters.values()),
         decided_by=decided_by,
         decided_at=req.decided_at,
