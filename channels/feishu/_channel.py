@@ -49,6 +49,15 @@ def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can be sent back as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _message_uuid(request_id: str) -> str:
     # Feishu de-duplicates sends by uuid for an hour; it accepts at most 50 characters.
     if len(request_id) <= _UUID_MAX:
@@ -233,7 +242,7 @@ class FeishuChannel:
         )
         if verified.kind is CallbackKind.URL_VERIFICATION:
             challenge = verified.payload.get("challenge")
-            if not isinstance(challenge, str):
+            if not isinstance(challenge, str) or not _encodable(challenge):
                 raise CallbackRejected("url_verification without a challenge", status_code=400)
             return CallbackReply(body={"challenge": challenge})
         if verified.kind is CallbackKind.CARD_ACTION:

@@ -174,7 +174,11 @@ def classify(payload: Mapping[str, Any]) -> CallbackKind:
 
 
 def _token_matches(sent: object, expected: str) -> bool:
-    return isinstance(sent, str) and hmac.compare_digest(sent.encode(), expected.encode())
+    # Text no encoder can carry (a lone surrogate, written ``\\ud800`` in JSON) is compared
+    # as it is, and matches no token: anyone may post it to a channel taking unsigned callbacks.
+    return isinstance(sent, str) and hmac.compare_digest(
+        sent.encode("utf-8", "surrogatepass"), expected.encode()
+    )
 
 
 def verify_callback(
