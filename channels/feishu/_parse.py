@@ -56,7 +56,7 @@ def _button_value(action: Mapping[str, Any]) -> tuple[str, Verdict, GrantChoice 
         # Legacy callbacks may carry the value as a JSON string.
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _unparseable("action value is not an object") from None
     value = _object(value, "action value")
     request_id = _text(value.get("request_id"))
@@ -86,7 +86,7 @@ def _edited(action: Mapping[str, Any]) -> dict[str, Any] | None:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     fields = value.get("edit") if isinstance(value, dict) else None
     if fields is None:

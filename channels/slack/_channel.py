@@ -47,6 +47,7 @@ from signoff.channels.slack._blocks import (
 )
 from signoff.channels.slack._payload import (
     EditPress,
+    actions_of,
     click_from_block_actions,
     click_from_view_submission,
     edit_from_view_submission,
@@ -271,7 +272,10 @@ class SlackChannel:
         if kind == "view_submission":
             return await self._on_view_submission(payload, handler)
         if kind == "url_verification":
-            return CallbackReply(body={"challenge": str(payload.get("challenge", ""))})
+            challenge = str(payload.get("challenge", ""))
+            if not _encodable(challenge):
+                raise CallbackRejected("url_verification with a challenge that is not text", status_code=400)
+            return CallbackReply(body={"challenge": challenge})
         return CallbackReply()
 
     async def _on_block_actions(self, payload: Mapping[str, Any], handler: ClickHandler) -> CallbackReply:
@@ -294,12 +298,7 @@ class SlackChannel:
                 after=partial(self._tell, channel_id, click.user_id, "Could not open the rejection form.")
             )
         block_id = next(
-            (
-                a.get("block_id")
-                for a in payload.get("actions") or ()
-                if isinstance(a, Mapping) and a.get("action_id") == ACTION_REJECT
-            ),
-            None,
+            (a.get("block_id") for a in actions_of(payload) if a.get("action_id") == ACTION_REJECT), None
         )
         view = render_reject_modal(
             click.request_id,
@@ -447,6 +446,15 @@ class SlackChannel:
         if len(self._seen) > _SEEN_EVENTS:
             self._seen.popitem(last=False)
         return True
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can be sent back as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _first_text(*values: Any) -> str | None:

@@ -37,6 +37,7 @@ __all__ = [
     "SIGNATURE_WINDOW_SECONDS",
     "EditPress",
     "EditSubmission",
+    "actions_of",
     "click_from_block_actions",
     "click_from_view_submission",
     "edit_from_view_submission",
@@ -119,6 +120,15 @@ def parse_payload(body: bytes) -> dict[str, Any]:
     return data
 
 
+def actions_of(payload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The objects among a ``block_actions`` payload's ``actions``: none when it is missing or
+    not a list (a number or ``true`` is no press of any button)."""
+    actions = payload.get("actions")
+    if not isinstance(actions, list):
+        return []
+    return [action for action in actions if isinstance(action, Mapping)]
+
+
 def _grant_press(value: str | None) -> tuple[str, GrantChoice]:
     """The request and the grant a grant button's ``value`` names; a value that does not name
     both is refused (400): it was not drawn by :func:`~signoff.channels.slack._blocks.grant_value`."""
@@ -150,9 +160,7 @@ def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
     user_id = _str(user, "id")
     if user_id is None:
         return None
-    for action in payload.get("actions") or ():
-        if not isinstance(action, Mapping):
-            continue
+    for action in actions_of(payload):
         action_id = _str(action, "action_id") or ""
         verdict = _VERDICTS.get(action_id)
         request_id = _str(action, "value")
@@ -197,8 +205,8 @@ def edit_press(payload: Mapping[str, Any]) -> EditPress | None:
     user_id = _str(_obj(payload, "user"), "id")
     if user_id is None:
         return None
-    for action in payload.get("actions") or ():
-        if not isinstance(action, Mapping) or action.get("action_id") != ACTION_EDIT:
+    for action in actions_of(payload):
+        if action.get("action_id") != ACTION_EDIT:
             continue
         request_id = _str(action, "value")
         if request_id is None:
@@ -237,7 +245,7 @@ def _our_view(
         return None
     try:
         metadata = json.loads(_str(view, "private_metadata") or "")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(metadata, Mapping):
         return None
