@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from signoff.app.bodies import storable
 from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
@@ -184,6 +185,8 @@ class ClickService:
         return replace(voter, email=email), None
 
     async def current_card(self, channel: str, request_id: str) -> Card | None:
+        if not storable(request_id):
+            return None  # no request is named so (and no database could be asked about it)
         kind = self._config.channel_type(channel)
         async with self._reads() as session:
             req = await get_request(session, request_id)
