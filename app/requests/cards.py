@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from urllib.parse import quote
 
@@ -58,6 +58,15 @@ def escalated_to(
     return tuple(_person(config.recognise(a) or a, config, channel_type, snapshot) for a in approvers)
 
 
+def _requester(claimed: str | None, config: SignoffConfig, person: Callable[[str], Person]) -> Person | None:
+    """Whom the call is on behalf of: a person of the directory, or else the agent's word (its
+    ``user_id``) as text, never a mention of whoever holds an id spelled so (an agent could make a
+    card read "on behalf of" the chief executive)."""
+    if not claimed:
+        return None
+    return person(claimed) if claimed in config.people else Person(shown_text(claimed))
+
+
 def build_card(
     req: ConfirmationRequest,
     votes: Sequence[Vote],
@@ -76,7 +85,7 @@ def build_card(
     def person(key: str) -> Person:
         if key in config.people:
             return Person(config.display_name(key), config.channel_id_of(key, channel_type))
-        # A raw id, the requester's perhaps (the agent's user_id): shown on one line as it is.
+        # A raw id the configuration lists (an approver by channel id): shown on one line.
         return Person(shown_text(key), key)
 
     now = now or utcnow()
@@ -117,9 +126,7 @@ def build_card(
         expires_at=req.expires_at,
         quorum=sum(progress[i].quorum for i in here),
         approvers=tuple(person(a) for a in approvers),
-        requester=person(req.requester)
-        if req.requester
-        else (Person(shown_text(req.user_id), req.user_id) if req.user_id else None),
+        requester=_requester(req.requester or req.user_id, config, person),
         approvals=tuple(voters.values()),
         decided_by=decided_by,
         decided_at=req.decided_at,

@@ -310,7 +310,10 @@ def _fields(card: Card) -> list[str]:
         f"*Tool*\n{_code(card.tool_name, _NAME_LIMIT)}",
     ]
     if card.requester is not None:
-        fields.append(_clip(f"*On behalf of*\n{_person(card.requester)}", _FIELD_LIMIT))
+        # A requester without an id here is the agent's word as it came: code, not mrkdwn.
+        requester = card.requester
+        shown = _person(requester) if requester.user_id else _code(requester.name, _NAME_LIMIT)
+        fields.append(_clip(f"*On behalf of*\n{shown}", _FIELD_LIMIT))
     if card.is_pending:
         fields.append(f"*Expires*\n{_date(card.expires_at)}")
     approvers = _join_fitting(

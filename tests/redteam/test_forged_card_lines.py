@@ -50,3 +50,23 @@ async def test_a_requester_id_or_tool_name_cannot_draw_a_cards_lines(
     fields = [line for f in blocks[1]["fields"] for line in f["text"].split("\n")]
     assert "Arguments:" not in fields, fields
     assert not any(line.startswith("Approvals: 1 of 1") for line in fields), fields
+
+
+@pytest.mark.parametrize("user_id", ["U0CEO4242", "W0CEO4242", "*URGENT* _from the CEO_", "~struck~ `code`"])
+async def test_a_requester_id_the_directory_does_not_know_is_shown_as_text_not_a_mention_or_markup(
+    http: httpx.AsyncClient, agent_key: str, fake_channel: FakeChannel, user_id: str
+) -> None:
+    """The agent's ``user_id`` is its word: spelled like a Slack id, it made the card mention
+    whoever holds that id ("on behalf of @the chief executive"); with Slack's markup, it was drawn
+    bold or struck. It is shown as code, as it came."""
+    call = {"tool_name": "pay_invoice", "arguments": {"amount": 90000}, "user_id": user_id}
+    answer = await ask(http, agent_key, call)
+    assert answer["decision"] == "pending", answer
+    [card, *_] = await eventually(lambda: fake_channel.cards_for(answer["request_id"]))
+    _text, blocks = slack_card(card)
+    [behalf] = [f["text"] for f in blocks[1]["fields"] if f["text"].startswith("*On behalf of*")]
+    shown = behalf.split("\n", 1)[1]
+    assert "<@" not in shown, shown
+    assert shown.startswith("`"), shown
+    assert shown.endswith("`"), shown
+    assert shown.count("`") == 2, shown
