@@ -185,6 +185,70 @@ _VARIABLES: dict[str, Callable[[HookContext], Any]] = {
 }
 """What a ``when`` condition can read, and how each is taken from the call."""
 
+_BOOLEANS = {
+    **dict.fromkeys(("true", "t", "yes", "y", "on", "1"), True),
+    **dict.fromkeys(("false", "f", "no", "n", "off", "0"), False),
+}
+"""Strings a tool's boolean parameter takes as a boolean (Pydantic's lax mode, which the
+frameworks and Python MCP servers validate arguments with), case aside."""
+_NUMERIC = re.compile(r"\s*[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?\s*")
+
+
+def _as_boolean(text: str) -> bool | None:
+    return _BOOLEANS.get(text.strip().lower())
+
+
+def _as_number(text: str) -> int | float | None:
+    if not _NUMERIC.fullmatch(text):
+        return None
+    number = float(text.replace("_", ""))
+    if number != number or number in (float("inf"), float("-inf")):
+        return None
+    return int(number) if number.is_integer() and abs(number) < 2**63 else number
+
+
+def as_read(value: Any, read: Callable[[str], Any]) -> Any:
+    """``value`` with each string ``read`` can read (as a boolean, as a number) replaced by what
+    it reads, at any depth; None when no string changed."""
+    changed = False
+
+    def walk(item: Any) -> Any:
+        nonlocal changed
+        if isinstance(item, str):
+            got = read(item)
+            if got is not None:
+                changed = True
+                return got
+            return item
+        if isinstance(item, dict):
+            return {k: walk(v) for k, v in item.items()}
+        if isinstance(item, list):
+            return [walk(v) for v in item]
+        return item
+
+    out = walk(value)
+    return out if changed else None
+
+
+def _holds(program: Any, values: dict[str, Any]) -> bool:
+    """Whether the condition gives true for ``values`` (a reading it cannot be evaluated for
+    adds no catch: the arguments as sent decide then)."""
+    try:
+        return _evaluated(program, values) is True
+    except Exception:
+        return False
+
+
+def _evaluated(program: Any, values: dict[str, Any]) -> bool | str:
+    """The condition's result for ``values``: true or false, or why it is neither (raises
+    when it cannot be evaluated)."""
+    result = program.execute(values)
+    if not isinstance(result, bool):
+        kind = _CEL_TYPES.get(type(result), "null" if result is None else type(result).__name__)
+        return f"the condition gave a {kind}, not true or false"
+    return result
+
+
 _BINDER = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 """A comprehension macro's variable (the ``x`` of ``args.items.all(x, x > 0)``):
 ``Program.variables()`` reports such names among the ones read, so they are told apart
@@ -342,7 +406,15 @@ class ConfirmationGate(ToolFilter):
     def condition(self, ctx: HookContext) -> bool | str:
         """Whether the ``when`` condition holds for the call (True without one), or, when it
         cannot be evaluated (a missing field, a type mismatch, a value that is not true or
-        false), why not."""
+        false), why not.
+
+        It holds also when it holds for the arguments as a tool would read them: a tool that
+        takes ``force: bool`` runs ``"force": "true"`` as forced, and one that takes ``amount:
+        int`` runs ``"90000"`` as 90,000, while to the condition a string is no boolean and no
+        number (``"true" == true`` is false). So a condition that does not hold for the
+        arguments as sent is evaluated again with their strings read as booleans, then as
+        numbers (:func:`as_read`); any of them holding catches the call (a reading it cannot
+        be evaluated for catches nothing more: the arguments as sent decide)."""
         condition = self._condition
         if condition is None:
             return True
@@ -350,12 +422,14 @@ class ConfirmationGate(ToolFilter):
         try:
             # Only the variables the condition reads (each one converted costs time).
             values = {name: _VARIABLES[name](ctx) for name in variables}
-            result = program.execute(values)
+            result = _evaluated(program, values)
         except Exception as exc:
             return _error_text(exc)
-        if not isinstance(result, bool):
-            kind = _CEL_TYPES.get(type(result), "null" if result is None else type(result).__name__)
-            return f"the condition gave a {kind}, not true or false"
+        if result is not True and "args" in values:
+            for read in (_as_boolean, _as_number):
+                args = as_read(values["args"], read)
+                if args is not None and _holds(program, {**values, "args": args}):
+                    return True
         return result
 
     def matches(self, ctx: HookContext) -> bool:
