@@ -54,6 +54,7 @@ __all__ = [
     "TransportFailure",
     "approved_edits",
     "cancel_flow",
+    "canonical_json",
     "describe_changes",
     "describe_request",
     "gate_flow",
@@ -549,7 +550,9 @@ def _malformed_changes(request: Mapping[str, Any]) -> bool:
     return changes not in (None, []) and approved_edits(request) is None
 
 
-def _canonical(value: Any) -> str:
+def canonical_json(value: Any) -> str:
+    """``value`` as sorted-key compact JSON: two values are the same call's when these are equal
+    (``1``, ``1.0`` and ``true`` are not)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
@@ -562,7 +565,8 @@ def _carries_edits(request: Mapping[str, Any], modified: Mapping[str, Any] | Non
     if not edits:
         return True
     return modified is not None and all(
-        name in modified and _canonical(modified[name]) == _canonical(value) for name, value in edits.items()
+        name in modified and canonical_json(modified[name]) == canonical_json(value)
+        for name, value in edits.items()
     )
 
 

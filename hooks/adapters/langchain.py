@@ -16,10 +16,11 @@ does not run and the model gets a ``ToolMessage(status="error")`` with the reaso
 Once the tool has run (or raised), the call is reported to Signoff under the same
 idempotency key with the arguments it ran with, which uses up its approval.
 
-Signoff is asked about the arguments the tool would run with: the model's, validated by
-the tool's schema (defaults filled in, ``"true"`` made ``True``, ``"5000"`` made ``5000``),
-and the tool is then given exactly those — so a gate on ``args.force == true`` or
-``has(args.amount) && args.amount >= 50000`` sees the call the tool makes.
+Signoff is asked about the arguments the tool runs with: the model's, validated by the
+tool's schema (defaults filled in, ``"true"`` made ``True``, ``"5000"`` made ``5000``) — so
+a gate on ``args.force == true`` or ``has(args.amount) && args.amount >= 50000`` sees the
+call the tool makes. Arguments an approver changed are run only if, validated, they come
+out as approved.
 
 The idempotency key is ``langchain:<thread_id>:<tool_call_id>`` (``thread_id`` from
 ``config["configurable"]``), so a graph that re-executes the node on resume
@@ -52,7 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"signoff.hooks.adapters.langchain needs LangChain: {install_hint('langchain')}"
     ) from exc
 
-from signoff.hooks._gate import json_safe
+from signoff.hooks._gate import canonical_json, describe_changes, json_safe
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
 
 __all__ = ["RUNTIME", "SignoffMiddleware"]
@@ -75,16 +76,15 @@ def _thread_id(request: ToolCallRequest) -> str | None:
     return str(thread) if thread is not None else None
 
 
-def _validated(request: ToolCallRequest) -> tuple[ToolCallRequest, dict[str, Any] | None]:
-    """The request as its tool would run it, and its arguments as Signoff is asked about them.
+def _as_run(request: ToolCallRequest, args: Any) -> dict[str, Any] | None:
+    """``args`` as the request's tool runs them, as JSON (as Signoff is asked about them).
 
-    The model's arguments are validated by the tool's schema as the tool itself validates them
-    (defaults of fields left out filled in, values coerced: ``"true"`` → ``True``), and the
-    request carries the validated values, so that what Signoff decides about is what runs.
-    Arguments the schema refuses are asked about as they are (the tool refuses them too).
-    The arguments asked about are None when they cannot be sent as JSON (the call is denied).
+    Validated by the tool's schema as the tool itself validates them (defaults of fields left
+    out filled in, values coerced: ``"true"`` → ``True``); as they are when the schema refuses
+    them (the tool refuses them too); None when they cannot be sent as JSON (the call is
+    denied). The tool is handed the model's arguments, not these: validating twice would apply
+    a validator that changes a value twice.
     """
-    args = request.tool_call["args"]
     schema = getattr(request.tool, "tool_call_schema", None)
     if isinstance(args, Mapping) and isinstance(schema, type) and issubclass(schema, BaseModel):
         try:
@@ -100,8 +100,7 @@ def _validated(request: ToolCallRequest) -> tuple[ToolCallRequest, dict[str, Any
                 for name, field in type(model).model_fields.items()
                 if name in given or (not field.is_required() and name not in ("args", "kwargs"))
             }
-            request = request.override(tool_call={**request.tool_call, "args": args})
-    return request, json_safe(args) if isinstance(args, Mapping) else None
+    return json_safe(args) if isinstance(args, Mapping) else None
 
 
 def _not_json(name: str) -> GateDecision:
@@ -172,10 +171,26 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         )
 
     @staticmethod
-    def _approved(request: ToolCallRequest, decision: GateDecision) -> ToolCallRequest:
+    def _approved(
+        request: ToolCallRequest, decision: GateDecision, asked: dict[str, Any]
+    ) -> tuple[ToolCallRequest, dict[str, Any]] | GateDecision:
+        """The request to run and the arguments it runs with: the model's (which the tool runs
+        as ``asked``), or the approved changes, which the tool must run as they are (validated,
+        they come out the same), else the call is denied."""
         if decision.modified_arguments is None:
-            return request
-        return request.override(tool_call={**request.tool_call, "args": dict(decision.modified_arguments)})
+            return request, asked
+        changed = dict(decision.modified_arguments)
+        ran = _as_run(request, changed)
+        if ran is None or canonical_json(ran) != canonical_json(changed):
+            name = request.tool_call["name"]
+            return GateDecision(
+                False,
+                f"the tool call was not run: validated, the approved arguments of {name} would change "
+                f"({describe_changes(changed, ran or {})})",
+                decision.request_id,
+                failure=GateFailure.UNAVAILABLE,
+            )
+        return request.override(tool_call={**request.tool_call, "args": changed}), changed
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], _Result]
@@ -187,20 +202,23 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if isinstance(self.client, AsyncGateClient):
             return self._denied(request, _ASYNC_IN_SYNC)
         call = self._call(request)
+        asked = None
         try:
-            request, asked = _validated(request)
+            asked = _as_run(request, request.tool_call["args"])
             if asked is None:
                 decision = _not_json(name)
             else:
                 decision = self.client.pre_tool_use(name, asked, **call, deadline=self.deadline)
         except Exception as exc:
             decision = _crashed(exc)
-        if not decision.allowed:
+        if not decision.allowed or asked is None:
             return self._denied(request, decision)
-        approved = self._approved(request, decision)
-        args = approved.tool_call["args"]
+        approved = self._approved(request, decision, asked)
+        if isinstance(approved, GateDecision):
+            return self._denied(request, approved)
+        run, args = approved
         try:
-            result = handler(approved)
+            result = handler(run)
         except Exception as exc:
             self.client.post_tool_use(name, args, None, error=f"{type(exc).__name__}: {exc}", **call)
             raise
@@ -216,8 +234,9 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if not self.covers(name):
             return await handler(request)
         call = self._call(request)
+        asked = None
         try:
-            request, asked = _validated(request)
+            asked = _as_run(request, request.tool_call["args"])
             if asked is None:
                 decision = _not_json(name)
             else:
@@ -226,12 +245,14 @@ class SignoffMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                 )
         except Exception as exc:
             decision = _crashed(exc)
-        if not decision.allowed:
+        if not decision.allowed or asked is None:
             return self._denied(request, decision)
-        approved = self._approved(request, decision)
-        args = approved.tool_call["args"]
+        approved = self._approved(request, decision, asked)
+        if isinstance(approved, GateDecision):
+            return self._denied(request, approved)
+        run, args = approved
         try:
-            result = await handler(approved)
+            result = await handler(run)
         except Exception as exc:
             await self._run(
                 self.client.post_tool_use, name, args, None, error=f"{type(exc).__name__}: {exc}", **call

@@ -14,13 +14,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from signoff.hooks._gate import seconds_text
+from signoff.hooks._gate import canonical_json, seconds_text
 
 __all__ = [
     "NAME_PATTERN",
     "CallLedger",
     "Claim",
-    "canonical_arguments",
     "denied_text",
     "expired_text",
     "gated_tool_name",
@@ -35,11 +34,6 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 def gated_tool_name(server: str, tool: str) -> str:
     """``mcp__<server>__<tool>``: the name Signoff's gates see (Claude Code's own naming)."""
     return f"mcp__{server}__{tool}"
-
-
-def canonical_arguments(arguments: Mapping[str, Any]) -> str:
-    """The arguments as sorted-key compact JSON, the form a call's identity is computed from."""
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 class Claim(NamedTuple):
@@ -82,7 +76,7 @@ class CallLedger:
         return f"mcp:{self.server}:{self.run}" + (f":{client}" if client else "")
 
     def identity(self, tool: str, arguments: Mapping[str, Any], session: str) -> str:
-        material = json.dumps([self.server, tool, canonical_arguments(arguments), session])
+        material = json.dumps([self.server, tool, canonical_json(arguments), session])
         return hashlib.sha256(material.encode()).hexdigest()[:32]
 
     def claim(self, tool: str, arguments: Mapping[str, Any], session: str) -> Claim:

@@ -21,12 +21,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any, NamedTuple
 
-from signoff.hooks._gate import GateDecision, GateFailure, seconds_text
+from signoff.hooks._gate import GateDecision, GateFailure, canonical_json, seconds_text
 from signoff.hooks.client import AsyncGateClient
 from signoff.hooks.mcp_proxy._calls import (
     CallLedger,
     Claim,
-    canonical_arguments,
     denied_text,
     expired_text,
     gated_tool_name,
@@ -353,7 +352,7 @@ def _identity(method: str, params: Mapping[str, Any] | None) -> tuple[str, str]:
     if method == "resources/read":
         return str(p.get("uri", "")), ""
     arguments = p.get("arguments")
-    return str(p.get("name", "")), canonical_arguments(arguments if isinstance(arguments, Mapping) else {})
+    return str(p.get("name", "")), canonical_json(arguments if isinstance(arguments, Mapping) else {})
 
 
 class GatingProxy:

@@ -23,11 +23,11 @@ from mcp.types import (
     UrlElicitationCapability,
 )
 
+from signoff.hooks._gate import canonical_json
 from signoff.hooks.mcp_proxy import DEFAULT_HOLD, ConfigError, parse_args
 from signoff.hooks.mcp_proxy._calls import (
     CallLedger,
     Claim,
-    canonical_arguments,
     gated_tool_name,
     waiting_text,
 )
@@ -39,7 +39,7 @@ def test_gated_names_follow_claude_code() -> None:
 
 
 def test_canonical_arguments_ignore_key_order() -> None:
-    assert canonical_arguments({"b": 1, "a": {"d": 2, "c": 3}}) == '{"a":{"c":3,"d":2},"b":1}'
+    assert canonical_json({"b": 1, "a": {"d": 2, "c": 3}}) == '{"a":{"c":3,"d":2},"b":1}'
 
 
 def test_a_parked_call_is_taken_over_by_its_retry() -> None:

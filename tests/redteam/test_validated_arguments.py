@@ -38,6 +38,7 @@ PAID_AS_RUN = {"invoice_id": "INV-7", "amount": 90_000}
 @pytest.fixture
 def config() -> SignoffConfig:
     body: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    body["agents"]["finance-bot"]["hooks"][0]["editable"] = ["amount"]  # payments
     body["agents"]["finance-bot"]["hooks"].append(
         {
             "type": "confirmation_gate",
@@ -194,6 +195,68 @@ async def test_langchain_asks_about_the_default_filled_in(
     ran, requests = await _langchain(server, agent_key, admin_headers, "pay_invoice", NO_AMOUNT)
     assert asked(requests) == [PAID_AS_RUN], "the approvers were asked about a payment of 90,000"
     assert ran == [], "rejected: the payment never ran"
+
+
+@pytest.mark.parametrize("edit", [None, {"amount": 40_000}])
+async def test_langchain_runs_the_tool_with_what_was_asked_about_validated_once(
+    server: Server, agent_key: str, admin_headers: dict[str, str], edit: dict[str, Any] | None
+) -> None:
+    """A validator that does not give back what it is given (here: doubling): the tool is handed
+    the model's 30,000, which it runs as 60,000, the value Signoff was asked about; handed the
+    validated 60,000 it ran 120,000, above a gate nobody was asked for. Changes an approver made
+    (40,000) run only if, validated, they come out as approved: here they would run as 80,000."""
+    pytest.importorskip("langchain")
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool as as_tool
+
+    from signoff.hooks.adapters.langchain import SignoffMiddleware
+    from tests.hooks.test_adapters_langchain import ToolCallingFakeModel
+
+    paid: list[int] = []
+
+    @as_tool
+    def pay_invoice(invoice_id: str, amount: Annotated[int, AfterValidator(lambda v: v * 2)]) -> str:
+        """Pay an invoice."""
+        paid.append(amount)
+        return "paid"
+
+    model = ToolCallingFakeModel(
+        messages=iter(
+            [
+                AIMessage(
+                    content="",
+                    tool_calls=[
+                        {"name": "pay_invoice", "args": {"invoice_id": "INV-7", "amount": 30_000}, "id": "c1"}
+                    ],
+                ),
+                AIMessage(content="done"),
+            ]
+        )
+    )
+    client = fast(GateClient, server, agent_key)
+    agent = create_agent(model, [pay_invoice], middleware=[SignoffMiddleware(client)])
+    run = asyncio.ensure_future(
+        asyncio.to_thread(
+            agent.invoke, {"messages": [("user", "go")]}, {"configurable": {"thread_id": "t-1"}}
+        )
+    )
+    with client:
+        async with admin_client(server.url, admin_headers) as admin:
+            while not (
+                pending := (await admin.get("/v1/admin/requests", params={"status": "pending"})).json()
+            ):
+                assert not run.done(), "the payment was not asked about"
+                await asyncio.sleep(0.05)
+            (request,) = pending
+            assert request["arguments"] == {"invoice_id": "INV-7", "amount": 60_000}
+            decision: dict[str, Any] = {"verdict": "approve", "operator": "alice"}
+            if edit is not None:
+                decision["arguments"] = edit
+            r = await admin.post(f"/v1/admin/requests/{request['id']}/decision", json=decision)
+            assert r.status_code == 200, r.text
+            await asyncio.wait_for(run, 30)
+    assert paid == ([60_000] if edit is None else []), "the tool ran with a value nobody approved"
 
 
 async def test_pydantic_ai_runs_nothing_that_validates_into_other_arguments_than_approved(
