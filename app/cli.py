@@ -971,7 +971,7 @@ SwitchName = Annotated[str, typer.Option("--switch", help="The switch's name.")]
 def _set_readonly(on: bool, switch: str, as_: str | None, reason: str | None) -> None:
     from signoff.app.switches import set_switch, unwatched
 
-    if (why := unwatched(_config(_settings(), needed_for="a switch"), switch)) is not None:
+    if on and (why := unwatched(_config(_settings(), needed_for="a switch"), switch, on=on)) is not None:
         raise CliError(why, 1)
 
     async def work(session: AsyncSession, settings: Settings) -> None:

@@ -24,12 +24,13 @@ def guarded_switches(config: SignoffConfig) -> dict[str, list[str]]:
     return dict(sorted(watched.items()))
 
 
-def unwatched(config: SignoffConfig, name: str) -> str | None:
-    """Why a switch ``name`` cannot be set: no ``readonly_guard`` watches it (an operator who
+def unwatched(config: SignoffConfig, name: str, *, on: bool) -> str | None:
+    """Why switch ``name`` cannot be turned on: no ``readonly_guard`` watches it (an operator who
     turned on ``READ_ONLY`` would believe the agents stopped while ``read_only`` stays off).
-    None when one does."""
+    None when one does, and for turning a switch off (one left on by a guard a reload removed
+    can still be cleared)."""
     watched = guarded_switches(config)
-    if name in watched:
+    if name in watched or not on:
         return None
     known = ", ".join(repr(n) for n in watched) or "none"
     return (

@@ -625,10 +625,10 @@ async def flip_switch(
     """Turn a switch a ``readonly_guard`` watches on or off as the signed-in operator (audited)."""
     if not who.may_operate(runtime.config):
         return _operators_only(request, who, "turn switches on or off")
-    if (why := unwatched(runtime.config, name)) is not None:
+    on = form.get("on") == "1"
+    if (why := unwatched(runtime.config, name, on=on)) is not None:
         context = {"who": who, "title": "No such switch", "message": why[0].upper() + why[1:] + "."}
         return page(request, "error.html", context, status_code=404)
-    on = form.get("on") == "1"
     reason = without_unstorable(str(form.get("reason") or "")).strip()[:MAX_REASON_CHARS] or None
     await set_switch(session, name, on=on, actor=Actor("web", who.operator, who.name), reason=reason)
     response = _see_other("/ui/config")

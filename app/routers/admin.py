@@ -230,9 +230,9 @@ async def update_switch(
     session: SessionDep,
     runtime: RuntimeDep,
 ) -> SwitchOut:
-    """Turn a switch a ``readonly_guard`` watches on or off as a named operator (audited); 404
-    for a switch none watches."""
-    if (why := switches.unwatched(runtime.config, name)) is not None:
+    """Turn a switch on or off as a named operator (audited); 404 for turning on a switch no
+    ``readonly_guard`` watches."""
+    if (why := switches.unwatched(runtime.config, name, on=body.on)) is not None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, why)
     actor = Actor("web", body.operator, body.operator)
     row = await switches.set_switch(session, name, on=body.on, actor=actor, reason=body.reason)

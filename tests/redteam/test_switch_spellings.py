@@ -11,9 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlmodel import select
 
+from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, parse_config
+from signoff.app.db import transaction
 from signoff.app.models import AuditEvent, Switch
 from signoff.app.runtime import Runtime
+from signoff.app.switches import set_switch
 from tests.app.test_cli import Cli, cli, migrated  # noqa: F401  (fixtures)
 from tests.redteam.support import PRE, property_test
 
@@ -66,3 +69,19 @@ def test_the_command_line_refuses_a_switch_no_guard_watches(cli: Cli) -> None:  
     assert done.returncode == 1
     assert "no readonly_guard watches a switch 'READ_ONLY'" in done.stderr
     assert cli.sql("SELECT name FROM switch") == []
+
+
+async def test_a_switch_left_on_by_a_guard_since_removed_can_still_be_turned_off(
+    http: httpx.AsyncClient, admin_headers: dict[str, str], runtime: Runtime
+) -> None:
+    async with transaction(runtime.sessions) as s:
+        await set_switch(s, "maintenance", on=True, actor=Actor("web", "alice", "alice"))
+    off = await http.put(
+        "/v1/admin/switches/maintenance", json={"on": False, "operator": "alice"}, headers=admin_headers
+    )
+    assert off.status_code == 200, off.text
+    assert off.json()["on"] is False
+    again = await http.put(
+        "/v1/admin/switches/maintenance", json={"on": True, "operator": "alice"}, headers=admin_headers
+    )
+    assert again.status_code == 404
