@@ -853,17 +853,19 @@ def audit_verify() -> None:
 
 def _moment(text: str | None, name: str) -> Any:
     """An ISO 8601 date or time given on the command line, as UTC (a date is its midnight)."""
-    from datetime import UTC, datetime
+    from datetime import datetime
 
     if text is None:
         return None
+    from signoff.app.models import as_utc
+
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
+        return as_utc(datetime.fromisoformat(text))
+    except (ValueError, OverflowError):
         raise CliError(
-            f"{name} {text!r} is not an ISO 8601 date or time (2026-12-01, 2026-12-01T09:00Z)"
+            f"{name} {text!r} is not an ISO 8601 date or time within the years 1 to 9999 in UTC "
+            "(2026-12-01, 2026-12-01T09:00Z)"
         ) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 @audit_app.command("export")

@@ -40,6 +40,13 @@ def from_row(cls: type[M], values: Mapping[str, Any]) -> M:
     return instance
 
 
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC, one without a zone taken as UTC (how times given by people are read:
+    the operator API, the console, the command line). Raises :class:`OverflowError` for one
+    whose UTC falls outside the years a date can hold."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC on both engines (SQLite stores no zone, so restore it on read)."""
 
@@ -57,7 +64,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return as_utc(value)
 
 
 def _ts(**kw: Any) -> Any:

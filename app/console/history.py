@@ -7,7 +7,7 @@ import io
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,7 +19,7 @@ from signoff.app.bodies import storable
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import compact_json, iso
 from signoff.app.console.pages import RequestRow, request_rows, row_of
-from signoff.app.models import ConfirmationRequest, Status, Vote, utcnow
+from signoff.app.models import ConfirmationRequest, Status, Vote, as_utc, utcnow
 from signoff.app.queries import RequestFilter
 from signoff.app.requests.tally import approvals_by_gate, votes_of_requests
 
@@ -75,8 +75,7 @@ def _moment(raw: str, *, end: bool) -> datetime:
     A bare date as the end of a range means the end of that day.
     """
     value = datetime.fromisoformat(raw)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
+    value = as_utc(value)
     if end and len(raw.strip()) == 10:
         value += timedelta(days=1)
     return value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
@@ -14,7 +14,7 @@ from signoff.app.audit import Actor
 from signoff.app.bodies import storable
 from signoff.app.db import transaction
 from signoff.app.deps import AdminDep, ReadsDep, RuntimeDep, SessionDep
-from signoff.app.models import Status, utcnow
+from signoff.app.models import Status, as_utc, utcnow
 from signoff.app.operators import GrantNamed, decide
 from signoff.app.queries import RequestFilter
 from signoff.app.replicas import live_replicas
@@ -65,10 +65,8 @@ def _utc(moment: datetime | None) -> datetime | None:
     it); 422 for one whose UTC falls outside the years a date can hold."""
     if moment is None:
         return None
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
     try:
-        return moment.astimezone(UTC)
+        return as_utc(moment)
     except OverflowError:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT, f"before {moment.isoformat()} is out of range in UTC"
