@@ -263,10 +263,10 @@ class ArgumentChange:
         """``amount 90000 → 40000``."""
 
         def shown(value: Any) -> str:
-            text = "(absent)" if value is ABSENT else json.dumps(value, ensure_ascii=False, default=str)
+            text = "(absent)" if value is ABSENT else argument_json(value)
             return text if len(text) <= limit else text[: limit - 1] + "…"
 
-        return f"{self.field} {shown(self.proposed)} → {shown(self.approved)}"
+        return f"{shown_text(self.field)} {shown(self.proposed)} → {shown(self.approved)}"
 
 
 class _Absent:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from signoff.app.redaction import REDACTED
-from signoff.channels import argument_json
+from signoff.channels import argument_json, shown_text
 
 __all__ = ["compact_json", "duration", "iso", "pretty_json", "summarize", "time_left", "when"]
 
@@ -66,5 +66,5 @@ def summarize(arguments: Mapping[str, Any], limit: int = 160) -> str:
     """One line a person can read: ``amount=90000, to="ACME", password=[redacted]``."""
     if not arguments:
         return "(no arguments)"
-    text = ", ".join(f"{k}={_short(v)}" for k, v in arguments.items())
+    text = ", ".join(f"{shown_text(k)}={_short(v)}" for k, v in arguments.items())
     return text if len(text) <= limit else text[: limit - 1] + "…"

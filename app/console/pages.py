@@ -35,7 +35,7 @@ from signoff.app.requests.states import EXPIRY, get_request
 from signoff.app.requests.tally import GateApprovals, approvals_by_gate, per_gate, votes_for
 from signoff.app.schemas import AuditVerifyOut
 from signoff.app.switches import guarded_switches
-from signoff.channels import ArgumentChange, GrantChoice, edit_input
+from signoff.channels import ArgumentChange, GrantChoice, edit_input, shown_text
 
 __all__ = [
     "AuditView",
@@ -63,8 +63,10 @@ def plausible_id(value: str) -> bool:
 
 
 def _person(config: SignoffConfig, key: str | None) -> str | None:
-    if key is None:
+    if not key:
         return None
+    if key not in config.people:
+        return shown_text(key)  # the agent's word (its user_id), on one line as it came
     name = config.display_name(key)
     return name if name == key else f"{name} ({key})"
 
@@ -147,10 +149,10 @@ def row_of(
     return RequestRow(
         id=req.id,
         agent=req.agent_id,
-        tool=req.tool_name,
+        tool=shown_text(req.tool_name),
         summary=summarize(req.arguments),
         status=str(req.status),
-        requester=_person(config, req.requester) or req.user_id,
+        requester=_person(config, req.requester or req.user_id),
         gates=tuple(GateTally(g.name, n, g.quorum, g.channel) for g, n in zip(gates, counts, strict=True)),
         channel=req.channel,
         created_at=req.created_at,

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from signoff.app.console import format as fmt
-from signoff.channels import MAX_REASON_CHARS, while_same
+from signoff.channels import MAX_REASON_CHARS, argument_json, shown_text, while_same
 
 __all__ = ["SECURITY_HEADERS", "STATIC_DIR", "page", "secured"]
 
@@ -42,7 +42,9 @@ _env.filters.update(
     when=fmt.when,
     iso=fmt.iso,
     pretty_json=fmt.pretty_json,
-    compact_json=fmt.compact_json,
+    # On pages, JSON the agent chose (audit details, grants) is written as the cards write it.
+    compact_json=argument_json,
+    shown=shown_text,
     summarize=fmt.summarize,
     duration=fmt.duration,
     while_same=while_same,

@@ -157,3 +157,45 @@ async def test_the_console_request_page_and_queue_show_hidden_characters_escaped
         assert not any(c in html.unescape(queue.text) for c in HIDDEN), "the queue shows them raw"
     finally:
         await console.aclose()
+
+
+async def test_the_console_shows_a_tool_name_requester_and_argument_names_escaped(
+    server: Server, http: httpx.AsyncClient, agent_key: str
+) -> None:
+    """Beside the values: the tool's name, the requester's id and the arguments' names are the
+    agent's text too, in the queue and on the request's page."""
+    call = {
+        "tool_name": "pay_\u2067x\u2069",
+        "arguments": {"amount": 90000, "memo\u200b": "ls"},
+        "user_id": "ops\u2028Approved by Alice",
+    }
+    answer = await ask(http, agent_key, call)
+    assert answer["decision"] == "pending", answer
+    console = Console(server.url)
+    try:
+        assert (await console.sign_in("alice")).status_code == 303
+        for path in ("/ui/", f"/ui/requests/{answer['request_id']}"):
+            page = await console.get(path)
+            assert page.status_code == 200, page.text
+            shown = html.unescape(page.text)
+            assert not any(c in shown for c in HIDDEN), (path, "shows the agent's hidden characters raw")
+            assert "\\u2067" in shown, path
+    finally:
+        await console.aclose()
+
+
+async def test_a_history_time_out_of_range_in_utc_is_refused_not_a_server_error(
+    server: Server, http: httpx.AsyncClient, agent_key: str
+) -> None:
+    console = Console(server.url)
+    try:
+        assert (await console.sign_in("alice")).status_code == 303
+        for query in (
+            {"from": "0001-01-01T00:00+01:00"},
+            {"to": "9999-12-31"},
+            {"before": "0001-01-01T00:30+01:00"},
+        ):
+            page = await console.get("/ui/history", params=query)
+            assert page.status_code < 500, (query, page.status_code)
+    finally:
+        await console.aclose()
