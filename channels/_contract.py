@@ -53,6 +53,7 @@ __all__ = [
     "changes_text",
     "edit_input",
     "edit_problem",
+    "encodable",
     "lay_out_arguments",
     "parse_edit_value",
     "reminder_text",
@@ -68,15 +69,22 @@ UNSTORABLE_TEXT = "text that cannot be stored (NUL or a lone surrogate)"
 """The reason a click carrying such text is refused (recorded in the audit log)."""
 
 
+def encodable(text: str) -> bool:
+    """Whether ``text`` can be sent back as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _storable(text: str | None) -> bool:
     """Whether both databases can hold ``text`` as it is: no NUL, no lone surrogate."""
     if text is None:
         return True
     if "\x00" in text:
         return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+    if not encodable(text):
         return False
     return True
 

@@ -24,6 +24,7 @@ from signoff.channels._contract import (
     PermanentDeliveryError,
     Person,
     RetryableDeliveryError,
+    encodable,
 )
 from signoff.channels.feishu._card import ToastType, callback_body, render_card, render_reminder
 from signoff.channels.feishu._config import FeishuConfig
@@ -47,15 +48,6 @@ T = TypeVar("T")
 
 def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value is not None else None
-
-
-def _encodable(text: str) -> bool:
-    """Whether ``text`` can be sent back as UTF-8 (a lone surrogate cannot)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _message_uuid(request_id: str) -> str:
@@ -242,7 +234,7 @@ class FeishuChannel:
         )
         if verified.kind is CallbackKind.URL_VERIFICATION:
             challenge = verified.payload.get("challenge")
-            if not isinstance(challenge, str) or not _encodable(challenge):
+            if not isinstance(challenge, str) or not encodable(challenge):
                 raise CallbackRejected("url_verification without a challenge", status_code=400)
             return CallbackReply(body={"challenge": challenge})
         if verified.kind is CallbackKind.CARD_ACTION:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from signoff.channels._contract import Card, duration_text, lay_out_arguments
+from signoff.channels._contract import Card, duration_text, lay_out_arguments, shown_text
 
 __all__ = ["MAX_MESSAGE_BYTES", "Action", "Notification", "render_notification"]
 
@@ -20,19 +19,11 @@ who, time left and the request, leaves less room)."""
 _NOTICE_BYTES = 200
 """Room kept for the line saying values are cut short or the fields do not fit."""
 _TOOL_CHARS = 250
-"""The longest tool name a message shows (written escaped, at most 12 bytes a character); a
+"""The longest tool name a message shows (counted as written, escapes included); a
 longer one is cut short, and the notification then offers no Approve."""
 _LINE_BYTES = 200
 """A value longer than fits a lock screen is cut short ("… N more characters"); whole in Signoff."""
 _TITLE_CHARS = 200
-_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co"})
-
-
-def _plain(text: str) -> str:
-    """``text`` with every character that does not show as itself (controls, bidi overrides,
-    zero-width spaces, line separators) written as a ``\\u`` escape: a tool name or agent id
-    cannot hide or reorder what the notification says."""
-    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _HIDDEN else c for c in text)
 
 
 def _cut(text: str, limit: int) -> str:
@@ -115,7 +106,7 @@ def render_notification(
     same actions): the arguments get the room the rest leaves, and a call whose argument fields
     do not all fit, or whose tool name is too long to show whole, offers no Approve (the whole
     call is in Signoff)."""
-    tool, agent = _plain(card.tool_name), _plain(card.agent_id)
+    tool, agent = shown_text(card.tool_name), shown_text(card.agent_id)
     whole_tool = len(tool) <= _TOOL_CHARS
     left = max(0, int((card.expires_at - now).total_seconds()))
     deadline = card.expires_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")

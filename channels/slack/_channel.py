@@ -31,6 +31,7 @@ from signoff.channels._contract import (
     Person,
     RetryableDeliveryError,
     Verdict,
+    encodable,
 )
 from signoff.channels.slack import SlackConfig
 from signoff.channels.slack._blocks import (
@@ -273,7 +274,7 @@ class SlackChannel:
             return await self._on_view_submission(payload, handler)
         if kind == "url_verification":
             challenge = str(payload.get("challenge", ""))
-            if not _encodable(challenge):
+            if not encodable(challenge):
                 raise CallbackRejected("url_verification with a challenge that is not text", status_code=400)
             return CallbackReply(body={"challenge": challenge})
         return CallbackReply()
@@ -446,15 +447,6 @@ class SlackChannel:
         if len(self._seen) > _SEEN_EVENTS:
             self._seen.popitem(last=False)
         return True
-
-
-def _encodable(text: str) -> bool:
-    """Whether ``text`` can be sent back as UTF-8 (a lone surrogate cannot)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _first_text(*values: Any) -> str | None:
