@@ -62,7 +62,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"signoff.hooks.adapters.pydantic_ai needs Pydantic AI: {install_hint('pydantic-ai')}"
     ) from exc
 
-from signoff.hooks._gate import describe_changes, json_safe
+from signoff.hooks._gate import canonical_json, describe_changes, json_safe
 from signoff.hooks.client import AsyncGateClient, GateClient, GateDecision, GateFailure, make_idempotency_key
 
 __all__ = ["RUNTIME", "SignoffApprovals"]
@@ -124,11 +124,12 @@ class SignoffApprovals(AbstractCapability[Any]):
             raise ApprovalRequired(metadata={_MARK: "ask", "arguments": json_safe(args)})
         metadata = ctx.tool_call_metadata
         if isinstance(metadata, dict) and metadata.get(_MARK) == "approved":
-            # Approved by our handler, which passed the approved arguments as ToolApproved's
-            # override; validated again, they must still be the approved ones.
+            # Approved by our handler: the model's arguments, validated as when asked, or the
+            # changes an approver made (ToolApproved's override), validated: either way they
+            # must come out as approved.
             approved = metadata.get("arguments")
             ran = json_safe(args)
-            if approved is not None and ran == approved:
+            if approved is not None and canonical_json(ran) == canonical_json(approved):
                 return args
             raise SkipToolExecution(
                 f"The tool call was not run: its arguments, validated, are not the ones Signoff "
@@ -161,7 +162,10 @@ class SignoffApprovals(AbstractCapability[Any]):
             cid = call.tool_call_id
             if decision.allowed and isinstance(arguments, dict):
                 approved = decision.arguments(arguments)
-                approvals[cid] = ToolApproved(override_args=approved)
+                # Only changes are passed on: the model's arguments are validated once, as when
+                # asked (validating the validated values again would apply a validator twice).
+                changed = approved if decision.modified_arguments is not None else None
+                approvals[cid] = ToolApproved(override_args=changed)
                 metadata[cid] = {_MARK: "approved", "request_id": decision.request_id, "arguments": approved}
             else:
                 approvals[cid] = ToolDenied(_denial(decision))

@@ -259,11 +259,14 @@ async def test_langchain_runs_the_tool_with_what_was_asked_about_validated_once(
     assert paid == ([60_000] if edit is None else []), "the tool ran with a value nobody approved"
 
 
-async def test_pydantic_ai_runs_nothing_that_validates_into_other_arguments_than_approved(
-    server: Server, agent_key: str, admin_headers: dict[str, str]
+@pytest.mark.parametrize("edit", [None, {"amount": 40_000}])
+async def test_pydantic_ai_runs_only_what_validates_into_the_approved_arguments(
+    server: Server, agent_key: str, admin_headers: dict[str, str], edit: dict[str, Any] | None
 ) -> None:
-    """The approved call is validated once more before it runs: a validator that does not give
-    back what it is given (here: doubling) would make it run with arguments nobody approved."""
+    """A validator that does not give back what it is given (here: doubling): the model's 30,000
+    is validated once, as when asked, and runs as the 60,000 approved; changes an approver made
+    (40,000) are validated before the tool runs and would run as 80,000, which nobody approved:
+    the call is skipped."""
     pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -296,13 +299,17 @@ async def test_pydantic_ai_runs_nothing_that_validates_into_other_arguments_than
                 await asyncio.sleep(0.05)
             (request,) = pending
             assert request["arguments"] == {"invoice_id": "INV-7", "amount": 60_000}
-            r = await admin.post(
-                f"/v1/admin/requests/{request['id']}/decision", json={"verdict": "approve", "operator": "bob"}
-            )
+            decision: dict[str, Any] = {"verdict": "approve", "operator": "bob"}
+            if edit is not None:
+                decision["arguments"] = edit
+            r = await admin.post(f"/v1/admin/requests/{request['id']}/decision", json=decision)
             assert r.status_code == 200, r.text
         result = await asyncio.wait_for(task, 30)
-    assert paid == [], "validated again it would pay 120,000, which nobody approved"
-    assert "not the ones Signoff approved (amount: 60000 → 120000)" in result.output
+    if edit is None:
+        assert paid == [60_000], "the approved 60,000 is what runs, validated once"
+    else:
+        assert paid == [], "validated, the approved 40,000 would pay 80,000, which nobody approved"
+        assert "not the ones Signoff approved (amount: 40000 → 80000)" in result.output
 
 
 # --------------------------------------------------------------------------- OpenAI Agents SDK
