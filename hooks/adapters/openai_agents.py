@@ -122,9 +122,9 @@ def run_arguments(tool: Tool | None, name: str, arguments: dict[str, Any]) -> di
         ):
             return validated
     return (
-        f"the OpenAI Agents SDK would run {name} with other arguments than the model sent, and "
-        "cannot show which without running the tool's own validators; Signoff approves only a "
-        "call it sees as it runs (give the tool plain-typed parameters)"
+        f"the OpenAI Agents SDK cannot show the arguments {name} would run with (they do not "
+        "validate against its parameters, or those run validators of the application's own); "
+        "Signoff approves only a call it sees as it runs (give the tool plain-typed parameters)"
     )
 
 
