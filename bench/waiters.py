@@ -111,7 +111,7 @@ def client_main(argv: list[str]) -> None:
         runner = uvloop.run
     out = runner(park(args.host, args.port, args.key, ids, args.timeout))
     # A file, not the pipe: the event loop may leave an inherited pipe non-blocking, and a
-    # report larger than the pipe's buffer was then cut short.
+    # report larger than the pipe's buffer would then be cut short.
     args.report.write_text(json.dumps(out))
 
 

@@ -310,7 +310,7 @@ def _fields(card: Card) -> list[str]:
         f"*Tool*\n{_code(card.tool_name, _NAME_LIMIT)}",
     ]
     if card.requester is not None:
-        # A requester without an id here is the agent's word as it came: code, not mrkdwn.
+        # No Slack id to mention (the agent's word as it came, or a person without one): code.
         requester = card.requester
         shown = _person(requester) if requester.user_id else _code(requester.name, _NAME_LIMIT)
         fields.append(_clip(f"*On behalf of*\n{shown}", _FIELD_LIMIT))
