@@ -108,7 +108,8 @@ def _listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
+    """Whether ``host`` (as ``--listen`` gives it) is a loopback address or ``localhost``."""
     if host == "localhost":
         return True
     try:
@@ -168,7 +169,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Pro
         if listen is None:
             raise ConfigError("--listen-token-env goes with --listen")
         token = _env_value(args.listen_token_env, env, "--listen-token-env")
-    if listen is not None and token is None and not _loopback(listen[0]):
+    if listen is not None and token is None and not loopback(listen[0]):
         raise ConfigError(
             f"--listen {args.listen} is reachable beyond this machine: anyone who reaches it could call "
             "the upstream's tools under this agent's Signoff key; add --listen-token-env VAR"

@@ -10,6 +10,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from signoff.hooks.mcp_proxy._config import loopback
+
 __all__ = ["bearer_only", "loopback_guard"]
 
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -22,15 +24,13 @@ def loopback_guard(host: str) -> TransportSecuritySettings | None:
     upstream's tools. The SDK turns it on by itself only for ``127.0.0.1``, ``localhost`` and
     ``::1`` as spelled so; any other loopback address (``127.0.0.2``, ``0:0:0:0:0:0:0:1``) gets
     it here. ``None`` for an address beyond loopback, which takes a bearer token instead."""
+    if not loopback(host):
+        return None
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        if host != "localhost":
-            return None
-        spellings = [host]
+        spellings = [host]  # localhost
     else:
-        if not address.is_loopback:
-            return None
         spellings = [
             f"[{s}]" if address.version == 6 else s for s in dict.fromkeys([host, address.compressed])
         ]
