@@ -207,6 +207,16 @@ def _as_number(text: str) -> int | float | None:
     return int(number) if number.is_integer() and abs(number) < 2**63 else number
 
 
+def _boolean_first(text: str) -> bool | int | float | None:
+    as_boolean = _as_boolean(text)
+    return as_boolean if as_boolean is not None else _as_number(text)
+
+
+def _number_first(text: str) -> bool | int | float | None:
+    as_number = _as_number(text)
+    return as_number if as_number is not None else _as_boolean(text)
+
+
 def as_read(value: Any, read: Callable[[str], Any]) -> Any:
     """``value`` with each string ``read`` can read (as a boolean, as a number) replaced by what
     it reads, at any depth; None when no string changed."""
@@ -412,9 +422,10 @@ class ConfirmationGate(ToolFilter):
         takes ``force: bool`` runs ``"force": "true"`` as forced, and one that takes ``amount:
         int`` runs ``"90000"`` as 90,000, while to the condition a string is no boolean and no
         number (``"true" == true`` is false). So a condition that does not hold for the
-        arguments as sent is evaluated again with their strings read as booleans, then as
-        numbers (:func:`as_read`); any of them holding catches the call (a reading it cannot
-        be evaluated for catches nothing more: the arguments as sent decide)."""
+        arguments as sent is evaluated again with every string that reads as a boolean or a
+        number read so (:func:`as_read`), once taking ``"1"`` and ``"0"`` as booleans and once as
+        numbers; any reading holding catches the call (a reading it cannot be evaluated for
+        catches nothing more: the arguments as sent decide)."""
         condition = self._condition
         if condition is None:
             return True
@@ -426,7 +437,7 @@ class ConfirmationGate(ToolFilter):
         except Exception as exc:
             return _error_text(exc)
         if result is not True and "args" in values:
-            for read in (_as_boolean, _as_number):
+            for read in (_boolean_first, _number_first):
                 args = as_read(values["args"], read)
                 if args is not None and _holds(program, {**values, "args": args}):
                     return True

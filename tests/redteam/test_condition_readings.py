@@ -5,7 +5,8 @@ A tool that takes ``force: bool`` runs ``"force": "true"`` as forced, and one th
 Python MCP servers validate arguments with), while to the condition a string is no boolean
 and no number: ``args.force == true`` is simply false for ``"true"``, so the call ran with no
 one asked. A condition that does not hold for the arguments as sent is evaluated again with
-their strings read as booleans, then as numbers; any reading that holds catches the call.
+their strings read as booleans and numbers (``"1"`` and ``"0"`` once as each); any reading
+that holds catches the call.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ CONDITIONS = [
     "args.amount > 100 && args.to != 'internal'",
     "args.limits.max == 0 || args.dry_run == false",
     "args.count >= 3.5",
+    "args.force == true && args.amount >= 50000",
+    "args.dry_run == false && args.count > 2",
 ]
 
 
