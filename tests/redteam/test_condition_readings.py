@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
@@ -46,7 +46,11 @@ def _ctx(args: dict[str, Any]) -> HookContext:
 
 
 VALUES = st.one_of(
-    st.booleans(), st.integers(-(10**6), 10**6), st.floats(-1e6, 1e6, allow_nan=False), st.text(max_size=5)
+    st.booleans(),
+    st.sampled_from([0, 1, 2, 3, 3.5, 100, 101, 49_999, 50_000, 90_000]),
+    st.integers(-(10**6), 10**6),
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.text(max_size=5),
 )
 ARGS = st.fixed_dictionaries(
     {},
@@ -73,9 +77,12 @@ def _spelled(value: Any, how: str) -> Any:
     return value
 
 
-@given(args=ARGS, when=st.sampled_from(CONDITIONS), how=st.sampled_from(["lower", "upper", "word"]))
+@pytest.mark.parametrize("when", CONDITIONS)
+@given(args=ARGS, how=st.sampled_from(["lower", "upper", "word"]))
+@example(args={"force": True, "amount": 90_000}, how="lower")
+@example(args={"dry_run": False, "count": 3, "limits": {"max": 1}}, how="word")
 def test_a_condition_that_holds_for_the_values_holds_for_them_spelled_as_strings(
-    args: dict[str, Any], when: str, how: str
+    when: str, args: dict[str, Any], how: str
 ) -> None:
     gate = _gate(when)
     typed = gate.condition(_ctx(args))
