@@ -255,6 +255,12 @@ def covers(grant: Grant, gate: ConfirmationGate, call: HookContext, config: Sign
             return False
     elif grant.scope != "agent":
         return False
+    if not any(
+        (offer.scope == "agent" or grant.scope == "session") and set(offer.same) <= set(grant.same)
+        for offer in gate.grants
+    ):
+        # The gate (as reloaded) offers nothing this grant is as narrow as: it no longer holds.
+        return False
     if any(field_digest(call.arguments, name) != digest for name, digest in grant.same.items()):
         return False
     if not gate.allow_self_approval and call.user_id:
@@ -281,7 +287,8 @@ async def find_for_call(
     now: datetime | None = None,
 ) -> dict[str, Grant]:
     """The active grant covering ``call`` for each of ``gates`` (by key) that has one. Gates
-    that offer no grants (now) are not looked up: taking ``grants`` off a gate ends them."""
+    that offer no grants (now) are not looked up: taking ``grants`` off a gate ends them, and
+    narrowing them ends the grants wider than every offer left."""
     offering = {key: gate for key, gate in gates if gate.grants}
     if not offering:
         return {}

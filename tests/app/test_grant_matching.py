@@ -23,6 +23,9 @@ CONFIG = parse_config(DEFAULT_CONFIG, source="test.yaml")
 GATE = ConfirmationGate.model_validate(
     {"tools": ["*"], "channel": "chat", "grants": [{"scope": "session", "for": "1h", "same": ["to"]}]}
 )
+AGENT_GATE = ConfirmationGate.model_validate(
+    {"tools": ["*"], "channel": "chat", "grants": [{"scope": "agent", "for": "1h"}]}
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -143,8 +146,14 @@ def test_an_agent_grant_covers_every_session_of_its_agent_and_no_other_agent(
     session: str | None, agent: str
 ) -> None:
     g = grant(scope="agent", same=())
-    assert covers(g, GATE, call(session=session), CONFIG)
-    assert covers(g, GATE, call(session=session, agent=agent), CONFIG) == (agent == "finance-bot")
+    assert covers(g, AGENT_GATE, call(session=session), CONFIG)
+    assert covers(g, AGENT_GATE, call(session=session, agent=agent), CONFIG) == (agent == "finance-bot")
+
+
+def test_a_grant_wider_than_every_offer_of_its_gate_covers_nothing() -> None:
+    assert not covers(grant(scope="agent", same=("to",)), GATE, call(), CONFIG), "scope wider"
+    assert not covers(grant(same=()), GATE, call(), CONFIG), "fewer fields held equal"
+    assert covers(grant(same=("to", "memo")), GATE, call(), CONFIG), "narrower is fine"
 
 
 def test_an_unknown_scope_covers_nothing() -> None:
