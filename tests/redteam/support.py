@@ -4,8 +4,11 @@ deploy; each on tools of its own), and the calls an agent and an operator make o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import uuid
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +21,7 @@ from signoff.app.config import SignoffConfig, parse_config
 from signoff.app.db import transaction
 from signoff.app.models import AuditEvent, ConfirmationRequest
 from signoff.app.runtime import Runtime
-from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG
+from tests.conftest import ADMIN_TOKEN, DEFAULT_CONFIG, free_port
 
 PRE = "/v1/hooks/pre-tool-use"
 POST = "/v1/hooks/post-tool-use"
@@ -148,3 +151,37 @@ async def age(runtime: Runtime, rid: str, by: timedelta) -> None:
     async with transaction(runtime.sessions) as session:
         (created,) = (await session.exec(sa.select(table.c.created_at).where(table.c.id == rid))).one()
         await session.exec(sa.update(table).where(table.c.id == rid).values(created_at=created - by))
+
+
+@contextlib.asynccontextmanager
+async def scripted_signoff(answer: Callable[[str], bytes]) -> AsyncIterator[str]:
+    """A loopback HTTP/1.1 server standing in for Signoff: each request is answered 200 with the
+    JSON ``answer(path)`` gives, its body read and ignored; its base URL."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                length = next(
+                    (
+                        int(v)
+                        for k, _, v in (h.partition(":") for h in head[1:])
+                        if k.lower() == "content-length"
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                body = answer(head[0].split(" ")[1])
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    port = free_port()
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        yield f"http://127.0.0.1:{port}"

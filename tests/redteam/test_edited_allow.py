@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
 from tests.hooks.test_claude_code_process import GATED, hook_env, start_hook
 from tests.hooks.test_mcp_proxy import (  # noqa: F401  (fixtures)
     calls,
@@ -25,6 +24,7 @@ from tests.hooks.test_mcp_proxy import (  # noqa: F401  (fixtures)
     proxied,
     text,
 )
+from tests.redteam.support import scripted_signoff
 
 PRE = "/v1/hooks/pre-tool-use"
 CHANGES = [{"field": "amount", "proposed": 90_000, "approved": 40_000, "proposed_absent": False}]
@@ -71,33 +71,8 @@ async def _serve(answers: dict[str, list[dict[str, Any]]]) -> AsyncIterator[str]
         script = next(s for prefix, s in scripts.items() if path.startswith(prefix))
         return json.dumps(script.pop(0) if len(script) > 1 else script[0]).encode()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-                length = next(
-                    (
-                        int(v)
-                        for k, _, v in (h.partition(":") for h in head[1:])
-                        if k.lower() == "content-length"
-                    ),
-                    0,
-                )
-                await reader.readexactly(length)
-                body = answer(head[0].split(" ")[1])
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    port = free_port()
-    server = await asyncio.start_server(handle, "127.0.0.1", port)
-    async with server:
-        yield f"http://127.0.0.1:{port}"
+    async with scripted_signoff(answer) as url:
+        yield url
 
 
 @pytest.fixture(params=list(ANSWERS), ids=list(ANSWERS))

@@ -14,44 +14,18 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
 from tests.hooks.test_claude_code_process import GATED, hook_env, start_hook
+from tests.redteam.support import scripted_signoff
 
 
 async def _serve(answers: dict[str, Any]) -> AsyncIterator[str]:
-    """An HTTP/1.1 server answering each path prefix with a fixed JSON body."""
+    """A stand-in for Signoff answering each path prefix with a fixed JSON body."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                path = lines[0].split(" ")[1]
-                length = next(
-                    (
-                        int(v)
-                        for k, _, v in (h.partition(": ") for h in lines[1:])
-                        if k.lower() == "content-length"
-                    ),
-                    0,
-                )
-                await reader.readexactly(length)
-                body = next(
-                    json.dumps(b) for prefix, b in answers.items() if path.startswith(prefix)
-                ).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
+    def answer(path: str) -> bytes:
+        return next(json.dumps(b) for prefix, b in answers.items() if path.startswith(prefix)).encode()
 
-    port = free_port()
-    server = await asyncio.start_server(handle, "127.0.0.1", port)
-    async with server:
-        yield f"http://127.0.0.1:{port}"
+    async with scripted_signoff(answer) as url:
+        yield url
 
 
 @pytest.fixture(

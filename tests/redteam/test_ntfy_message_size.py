@@ -13,58 +13,29 @@ the notification was refused and the request cancelled.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from signoff.app.config import parse_config
-from signoff.app.runtime import Runtime
-from signoff.app.settings import Settings
 from signoff.channels import Card, argument_json
 from signoff.channels.ntfy._message import MAX_MESSAGE_BYTES, render_notification
 from tests.channels.fake_ntfy import FakeNtfy
-from tests.channels.test_ntfy_flow import ALICE, BOB, CAROL, PUBLIC, SECRET, TOKEN, _config, notified
-from tests.conftest import ADMIN_TOKEN, Server
+from tests.channels.test_ntfy_flow import (  # noqa: F401  (fixtures)
+    ALICE,
+    PUBLIC,
+    notified,
+    ntfy,
+    phone_server,
+)
+from tests.conftest import Server
 from tests.redteam.support import ask, property_test, status
 
 # 500 characters, 1,479 bytes in UTF-8; matches the gate "transfer_*".
 LONG_TOOL = "transfer_" + "\u5b57" * 491
 FULL = {"to": "acme", "amount": 10, **{f"note_{i:02}": "v" * 400 for i in range(14)}}
-
-
-@pytest.fixture
-async def ntfy() -> AsyncIterator[FakeNtfy]:
-    fake = FakeNtfy(tokens={TOKEN: {ALICE, BOB, CAROL}})
-    await fake.start()
-    try:
-        yield fake
-    finally:
-        await fake.close()
-
-
-@pytest.fixture
-async def phone(ntfy: FakeNtfy, db_url: str) -> AsyncIterator[tuple[Server, httpx.AsyncClient]]:
-    settings = Settings(
-        database_url=db_url,
-        admin_token=ADMIN_TOKEN,  # type: ignore[arg-type]
-        public_url=PUBLIC,
-        session_secret=SECRET,  # type: ignore[arg-type]
-        outbox_poll_seconds=0.05,
-    )
-    runtime = Runtime.create(settings, parse_config(_config(ntfy.url), source="signoff.yaml"))
-    try:
-        async with (
-            Server(runtime, background=True) as server,
-            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
-        ):
-            yield server, http
-    finally:
-        await runtime.aclose()
 
 
 def _approvable_only_whole(message: dict[str, Any], arguments: dict[str, Any]) -> None:
@@ -75,9 +46,11 @@ def _approvable_only_whole(message: dict[str, Any], arguments: dict[str, Any]) -
 
 
 async def test_a_long_tool_name_does_not_push_a_notification_over_ntfys_limit(
-    phone: tuple[Server, httpx.AsyncClient], ntfy: FakeNtfy, agent_key: str
+    phone_server: tuple[Server, httpx.AsyncClient],  # noqa: F811
+    ntfy: FakeNtfy,  # noqa: F811
+    agent_key: str,
 ) -> None:
-    server, http = phone
+    server, http = phone_server
     answer = await ask(http, agent_key, {"tool_name": LONG_TOOL, "arguments": FULL})
     assert answer["decision"] == "pending", answer
     rid = answer["request_id"]
