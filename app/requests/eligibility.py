@@ -36,6 +36,7 @@ ways, and never to the voter's advantage:
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,6 +44,7 @@ from datetime import UTC, datetime, timedelta
 from pydantic import BaseModel, ConfigDict
 
 from signoff.app.audit import Actor
+from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
 from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig, identity_key
 from signoff.app.models import ConfirmationRequest, Vote
@@ -65,6 +67,7 @@ __all__ = [
     "is_not_yet",
     "is_requester",
     "not_yet",
+    "recorded",
     "same_voter",
     "shown_ids",
 ]
@@ -218,6 +221,50 @@ class Voter:
     @property
     def actor(self) -> Actor:
         return Actor(self.channel, self.user_id, self.name or self.person)
+
+
+_Recorded = tuple[ConfirmationGate, GateSnapshot, dict[str, object]]
+_RECORDED: weakref.WeakKeyDictionary[SignoffConfig, dict[str, _Recorded]] = weakref.WeakKeyDictionary()
+"""Per configuration, by gate key: each gate as requests record it (made once; a
+configuration never changes, a reload makes a new one)."""
+
+
+def recorded(
+    key: str, gate: ConfirmationGate, config: SignoffConfig
+) -> tuple[GateSnapshot, dict[str, object]]:
+    """Gate ``key`` of ``config`` as a request asking it records it, but for the call's argument
+    digests: typed, and as stored (with the grants it offers, its escalations earliest first,
+    the names of everyone it may ask and the configuration's version)."""
+    made = _RECORDED.setdefault(config, {})
+    entry = made.get(key)
+    if entry is None or entry[0] is not gate:
+        steps = sorted(gate.escalate, key=lambda e: e.after)
+        everyone = [*gate.approvers, *(a for e in steps for a in e.approvers)]
+        snapshot = GateSnapshot(
+            key=key,
+            name=gate.label,
+            channel=gate.channel,
+            approvers=gate.approvers,
+            quorum=gate.quorum,
+            allow_self_approval=gate.allow_self_approval,
+            require_reject_reason=gate.require_reject_reason,
+            min_assurance=gate.min_assurance.value if gate.min_assurance is not None else None,
+            timeout_seconds=gate.timeout.total_seconds(),
+            approval_valid_for_seconds=gate.approval_valid_for.total_seconds(),
+            grants=tuple(offer.choice for offer in gate.grants),
+            editable=gate.editable,
+            escalations=tuple(
+                EscalationStep(
+                    after_seconds=e.after.total_seconds(), channel=e.channel, approvers=e.approvers
+                )
+                for e in steps
+            ),
+            # Only the names that differ from the key: name_of falls back to the key.
+            names={a: name for a in everyone if (name := config.display_name(a)) != a},
+            config_version=config.version,
+        )
+        entry = made[key] = (gate, snapshot, snapshot.stored())
+    return entry[1], entry[2]
 
 
 def _channel_kind(channel: str, config: SignoffConfig) -> str:

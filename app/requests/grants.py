@@ -10,8 +10,13 @@ grant is active (not expired, not revoked) and the call is covered:
 - each ``same`` field equal to the approved call's, compared as canonical JSON, so the type
   counts (``1``, ``1.0``, ``"1"`` and ``true`` all differ) and text is compared as sent
   (no Unicode normalisation); a field absent from the approved call must be absent;
-- a gate that forbids self-approval never lets a grantor's grant cover a call made on
-  that grantor's behalf.
+- the gate, as configured now, still offers a grant at least as narrow, for no less time
+  since the grant was given (a reload that narrows or shortens the offers ends or shortens it);
+- the gate, as configured now, would take the grantors' approval of this call: enough of them
+  for its quorum are still its approvers (its escalations' included), identified surely
+  enough, voting where its cards go (operators anywhere); where it forbids self-approval, a
+  grantor never counts for a call made on their own behalf. A reload that removes a grantor,
+  raises the quorum or the level needed ends what they granted.
 
 A grant stands in for its own gate only. A call matching several gates is allowed by grants
 alone when every one of them has one; otherwise a request asks the gates without one (the
@@ -45,8 +50,8 @@ from signoff.app.config import GRANT_CREATED, GRANT_REVOKED, SignoffConfig
 from signoff.app.db import core_row, emit
 from signoff.app.models import ConfirmationRequest, Grant, Vote, utcnow
 from signoff.app.requests.canonical import canonical
-from signoff.app.requests.eligibility import GateSnapshot, Voter, gates_of, is_requester
-from signoff.channels import GrantChoice, Verdict, duration_text, while_same
+from signoff.app.requests.eligibility import GateSnapshot, Voter, gate_refusal, gates_of, recorded
+from signoff.channels import Assurance, GrantChoice, Verdict, duration_text, while_same
 from signoff.hooks import HookContext
 
 __all__ = [
@@ -233,7 +238,8 @@ async def create_for_approval(
 
 def _grantor(vote: Vote) -> dict[str, Any]:
     person = vote.voter if ":" not in vote.voter else None
-    subject = (vote.identity or {}).get("subject")
+    identity = vote.identity or {}
+    subject = identity.get("subject")
     return {
         "voter": vote.voter,
         "person": person,
@@ -243,10 +249,71 @@ def _grantor(vote: Vote) -> dict[str, Any]:
         "email": vote.email,
         # The identity provider's subject names the grantor too: a call made for it is theirs.
         "aliases": [subject] if isinstance(subject, str) and subject else [],
+        # What the grantor was approving as, checked again against the gate as it is now.
+        "identity": identity,
+        "assurance": vote.assurance,
     }
 
 
-def covers(grant: Grant, gate: ConfirmationGate, call: HookContext, config: SignoffConfig) -> bool:
+def _as_voter(grantor: Mapping[str, Any], config: SignoffConfig) -> Voter:
+    """A grant's grantor as the voter they were (a grant stored before the grantor's identity
+    and level were kept knows neither: such a grantor is no ``group:`` member, and below every
+    level)."""
+    aliases = tuple(str(a) for a in grantor.get("aliases") or ())
+    identity = grantor.get("identity")
+    if not isinstance(identity, dict):
+        identity = {"subject": aliases[0]} if aliases else {}
+    groups = identity.get("groups")
+    channel = str(grantor.get("channel", ""))
+    level = str(grantor.get("assurance"))
+    assurance = Assurance(level) if level in set(Assurance) else None
+    return Voter(
+        channel=channel,
+        user_id=str(grantor.get("user_id", "")),
+        person=grantor.get("person"),
+        identity={k: v for k, v in identity.items() if isinstance(v, str)},
+        email=grantor.get("email"),
+        operator=config.is_web(channel),
+        assurance=assurance,
+        groups=frozenset(str(g) for g in groups) if isinstance(groups, list) else frozenset(),
+        aliases=aliases,
+    )
+
+
+def _grantors_hold(grant: Grant, gate: GateSnapshot, call: HookContext, config: SignoffConfig) -> bool:
+    """Whether the grant's grantors would approve ``call`` through ``gate`` (as configured now):
+    enough of them for its quorum still approvers (its escalations' included), identified
+    surely enough, voting where its cards go (operators anywhere), and none approving for
+    themselves where the gate forbids it."""
+    requesters = (config.recognise(call.user_id), call.user_id) if call.user_id else ()
+    # Every escalation counts, as if its time had come by the grant.
+    latest = max((e.after_seconds for e in gate.escalations), default=0.0)
+    since = grant.created_at - timedelta(seconds=latest)
+    holding = sum(
+        gate_refusal(
+            gate,
+            channel=gate.channel,
+            requesters=requesters,
+            voter=_as_voter(grantor, config),
+            config=config,
+            created_at=since,
+            now=grant.created_at,
+        )
+        is None
+        for grantor in grant.grantors
+        if isinstance(grantor, Mapping)
+    )
+    return holding >= gate.quorum
+
+
+def covers(
+    grant: Grant,
+    gate: ConfirmationGate,
+    call: HookContext,
+    config: SignoffConfig,
+    *,
+    now: datetime | None = None,
+) -> bool:
     """Whether ``grant`` (read as active) allows ``call`` through ``gate`` (see the module)."""
     if grant.agent_id != call.agent_id or grant.tool_name != call.tool_name:
         return False
@@ -255,27 +322,18 @@ def covers(grant: Grant, gate: ConfirmationGate, call: HookContext, config: Sign
             return False
     elif grant.scope != "agent":
         return False
+    now = now or utcnow()
     if not any(
-        (offer.scope == "agent" or grant.scope == "session") and set(offer.same) <= set(grant.same)
+        (offer.scope == "agent" or grant.scope == "session")
+        and set(offer.same) <= set(grant.same)
+        and now < grant.created_at + offer.for_
         for offer in gate.grants
     ):
         # The gate (as reloaded) offers nothing this grant is as narrow as: it no longer holds.
         return False
     if any(field_digest(call.arguments, name) != digest for name, digest in grant.same.items()):
         return False
-    if not gate.allow_self_approval and call.user_id:
-        requesters = (config.recognise(call.user_id), call.user_id)
-        for grantor in grant.grantors:
-            voter = Voter(
-                channel=str(grantor.get("channel", "")),
-                user_id=str(grantor.get("user_id", "")),
-                person=grantor.get("person"),
-                email=grantor.get("email"),
-                aliases=tuple(str(a) for a in grantor.get("aliases") or ()),
-            )
-            if is_requester(requesters, voter, config):
-                return False
-    return True
+    return _grantors_hold(grant, recorded(grant.gate, gate, config)[0], call, config)
 
 
 async def find_for_call(
@@ -307,7 +365,7 @@ async def find_for_call(
     )
     found: dict[str, Grant] = {}
     for grant in (await session.exec(stmt)).all():
-        if grant.gate not in found and covers(grant, offering[grant.gate], call, config):
+        if grant.gate not in found and covers(grant, offering[grant.gate], call, config, now=now):
             found[grant.gate] = grant
     return found
 

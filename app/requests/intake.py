@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,7 +38,7 @@ from signoff.app.redaction import redact
 from signoff.app.requests import grants
 from signoff.app.requests.activity import gate_names, log_after_commit
 from signoff.app.requests.canonical import call_digest
-from signoff.app.requests.eligibility import EscalationStep, GateSnapshot
+from signoff.app.requests.eligibility import GateSnapshot, recorded
 from signoff.app.requests.kernel import idempotency_key
 from signoff.app.requests.receipts import digest_of_call
 from signoff.app.requests.reminders import scheduled
@@ -265,52 +264,12 @@ def new_request(
     )
 
 
-_Recorded = tuple[ConfirmationGate, GateSnapshot, dict[str, object]]
-_RECORDED: weakref.WeakKeyDictionary[SignoffConfig, dict[str, _Recorded]] = weakref.WeakKeyDictionary()
-"""Per configuration, by gate key: each gate as requests record it but for the call's argument
-digests (made once; a configuration never changes, a reload makes a new one)."""
-
-
 def _recorded(
     key: str, gate: ConfirmationGate, arguments: Mapping[str, Any], config: SignoffConfig
 ) -> tuple[GateSnapshot, dict[str, object]]:
     """The gate as a request for a call with ``arguments`` records it: typed, and as stored."""
-    made = _RECORDED.setdefault(config, {})
-    entry = made.get(key)
-    if entry is None or entry[0] is not gate:
-        snapshot = _snapshot(key, gate, config)
-        entry = made[key] = (gate, snapshot, snapshot.stored())
-    _, snapshot, stored = entry
+    snapshot, stored = recorded(key, gate, config)
     digests = grants.argument_digests(gate, arguments)
     if not digests:
         return snapshot, dict(stored)
     return snapshot.model_copy(update={"argument_digests": digests}), {**stored, "argument_digests": digests}
-
-
-def _snapshot(key: str, gate: ConfirmationGate, config: SignoffConfig) -> GateSnapshot:
-    """The gate as requests record it (with the grants it offers, its escalations earliest
-    first, the names of everyone it may ask and the configuration's version), but for the
-    call's argument digests."""
-    steps = sorted(gate.escalate, key=lambda e: e.after)
-    everyone = [*gate.approvers, *(a for e in steps for a in e.approvers)]
-    return GateSnapshot(
-        key=key,
-        name=gate.label,
-        channel=gate.channel,
-        approvers=gate.approvers,
-        quorum=gate.quorum,
-        allow_self_approval=gate.allow_self_approval,
-        require_reject_reason=gate.require_reject_reason,
-        min_assurance=gate.min_assurance.value if gate.min_assurance is not None else None,
-        timeout_seconds=gate.timeout.total_seconds(),
-        approval_valid_for_seconds=gate.approval_valid_for.total_seconds(),
-        grants=tuple(offer.choice for offer in gate.grants),
-        editable=gate.editable,
-        escalations=tuple(
-            EscalationStep(after_seconds=e.after.total_seconds(), channel=e.channel, approvers=e.approvers)
-            for e in steps
-        ),
-        # Only the names that differ from the key: name_of falls back to the key.
-        names={a: name for a in everyone if (name := config.display_name(a)) != a},
-        config_version=config.version,
-    )

@@ -332,7 +332,8 @@ async def _insert_vote(
         name=voter.name,
         email=voter.email,
         reason=reason,
-        identity=dict(voter.identity or {}),
+        # The provider's groups the voter was in, by which a grant they give is checked again.
+        identity={**(voter.identity or {}), **({"groups": sorted(voter.groups)} if voter.groups else {})},
         assurance=voter.assurance.value if voter.assurance is not None else None,
         created_at=now,
         grant_choice=grant.as_dict() if grant is not None else None,

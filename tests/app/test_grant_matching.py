@@ -27,6 +27,15 @@ AGENT_GATE = ConfirmationGate.model_validate(
     {"tools": ["*"], "channel": "chat", "grants": [{"scope": "agent", "for": "1h"}]}
 )
 
+GRANTOR = {
+    "voter": "alice",
+    "person": "alice",
+    "channel": "web",
+    "user_id": "alice",
+    "assurance": "admin_token",
+}
+"""An operator through the operator API, whom any gate without approvers takes."""
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda children: (
@@ -58,7 +67,7 @@ def grant(
         same={name: field_digest(args, name) for name in same},
         same_shown={},
         granted_by="Alice",
-        grantors=[],
+        grantors=[GRANTOR],
         created_at=now,
         expires_at=now + timedelta(hours=1),
     )
@@ -154,6 +163,77 @@ def test_a_grant_wider_than_every_offer_of_its_gate_covers_nothing() -> None:
     assert not covers(grant(scope="agent", same=("to",)), GATE, call(), CONFIG), "scope wider"
     assert not covers(grant(same=()), GATE, call(), CONFIG), "fewer fields held equal"
     assert covers(grant(same=("to", "memo")), GATE, call(), CONFIG), "narrower is fine"
+
+
+def _gate(**fields: Any) -> ConfirmationGate:
+    offer = {"scope": "session", "for": "1h", "same": ["to"]}
+    return ConfirmationGate.model_validate({"tools": ["*"], "channel": "chat", "grants": [offer], **fields})
+
+
+def _by(*grantors: dict[str, Any]) -> Grant:
+    g = grant()
+    g.grantors = list(grantors)
+    return g
+
+
+CLICK = {"voter": "bob", "person": "bob", "channel": "chat", "user_id": "U_BOB", "assurance": "slack_signed"}
+SIGNED_IN = {
+    "voter": "web:oidc:1",
+    "person": None,
+    "channel": "web",
+    "user_id": "dana",
+    "assurance": "oidc",
+    "identity": {"via": "console", "issuer": "https://id.example", "subject": "s-9", "groups": ["payments"]},
+    "aliases": ["s-9"],
+}
+
+
+def test_a_grant_holds_while_the_gate_would_take_its_grantors_approval() -> None:
+    """Each rule a vote is taken by, applied to the grantors against the gate as it is now."""
+    assert covers(_by(CLICK), _gate(), call(), CONFIG), "anyone who sees the card"
+    assert covers(_by(CLICK), _gate(approvers=["bob"]), call(), CONFIG)
+    assert not covers(_by(CLICK), _gate(approvers=["alice"]), call(), CONFIG), "no longer an approver"
+    assert not covers(_by(CLICK), _gate(channel="elsewhere"), call(), CONFIG), "its cards go elsewhere now"
+    assert covers(_by(GRANTOR), _gate(channel="elsewhere"), call(), CONFIG), "operators decide anywhere"
+    assert not covers(_by(CLICK), _gate(quorum=2), call(), CONFIG), "one grantor for a quorum of two"
+    assert covers(_by(CLICK, GRANTOR), _gate(quorum=2), call(), CONFIG)
+    assert covers(_by(CLICK), _gate(min_assurance="slack_signed"), call(), CONFIG)
+    assert not covers(_by(CLICK), _gate(min_assurance="oidc"), call(), CONFIG), "identified less surely"
+    assert covers(_by(SIGNED_IN), _gate(approvers=["group:payments"]), call(), CONFIG)
+    assert not covers(_by(SIGNED_IN), _gate(approvers=["group:treasury"]), call(), CONFIG)
+    assert not covers(_by(SIGNED_IN), _gate(approvers=["dana"]), call(), CONFIG), (
+        "a username is no channel id"
+    )
+    escalated = [{"after": "10m", "channel": "chat", "approvers": ["bob"]}]
+    assert covers(_by(CLICK), _gate(approvers=["alice"], escalate=escalated), call(), CONFIG)
+
+
+def test_a_grant_stored_without_its_grantors_level_is_below_every_level() -> None:
+    old = {k: v for k, v in CLICK.items() if k != "assurance"}
+    assert covers(_by(old), _gate(), call(), CONFIG)
+    assert not covers(_by(old), _gate(min_assurance="email_link"), call(), CONFIG)
+
+
+def test_a_grantor_never_counts_for_their_own_call_where_the_gate_forbids_it() -> None:
+    mine = HookContext(
+        agent_id="finance-bot",
+        tool_name="transfer_funds",
+        arguments={"to": "acme"},
+        session_id="s-1",
+        user_id="U_BOB",
+    )
+    assert not covers(_by(CLICK), _gate(), mine, CONFIG)
+    assert covers(_by(CLICK, GRANTOR), _gate(), mine, CONFIG), "the other grantor makes the quorum"
+    assert covers(_by(CLICK), _gate(allow_self_approval=True), mine, CONFIG)
+
+
+def test_a_grant_ends_when_its_offer_is_shortened_below_its_age() -> None:
+    g = grant()
+    g.created_at -= timedelta(minutes=40)
+    assert covers(g, _gate(), call(), CONFIG)
+    shorter = _gate(grants=[{"scope": "session", "for": "30m", "same": ["to"]}])
+    assert not covers(g, shorter, call(), CONFIG)
+    assert covers(g, shorter, call(), CONFIG, now=g.created_at + timedelta(minutes=29))
 
 
 def test_an_unknown_scope_covers_nothing() -> None:

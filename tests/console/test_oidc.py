@@ -68,6 +68,14 @@ def _body(provider: FakeProvider, password_hashes: dict[str, str], **console: An
             "channel": "web",
             "approvers": ["group:payments-leads"],
         },
+        {
+            "type": "confirmation_gate",
+            "name": "lead-grants",
+            "tools": ["granted_*"],
+            "channel": "web",
+            "approvers": ["group:payments-leads"],
+            "grants": [{"scope": "agent", "for": "1h"}],
+        },
     ]
     body["operators"] = operators(password_hashes)
     body["console"] = {
@@ -363,9 +371,50 @@ async def test_a_group_approves_counting_each_person_once_at_oidc_assurance(
         ("erin", "Erin@Example.com", "oidc"),
     ]
     assert "dana" not in votes[0].voter
-    assert votes[0].identity == {"via": "console", "issuer": provider.url, "subject": "sub-dana"}
+    # The groups she voted as a member of: a grant she gives is checked against them again.
+    assert votes[0].identity == {
+        "via": "console",
+        "issuer": provider.url,
+        "subject": "sub-dana",
+        "groups": ["payments-leads"],
+    }
     page = (await second.get(f"/ui/requests/{rid}")).text
     assert '<span class="assurance">oidc</span>' in page
+
+
+async def test_a_group_members_grant_holds_while_the_group_approves(
+    console: Console,
+    provider: FakeProvider,
+    password_hashes: dict[str, str],
+    agent: Agent,
+    runtime: Runtime,
+    tmp_path: Path,
+) -> None:
+    """A grant given as a member of an approving group allows later calls until a reload
+    takes the group off the gate."""
+    rid = await agent.ask("granted_payout", arguments={"to": "x"})
+    await _sign_in(console, provider, DANA)
+    token = await console.form_token(f"/ui/requests/{rid}")
+    grant = json.dumps({"scope": "agent", "seconds": 3600, "same": []})
+    answer = await console.client.post(
+        f"/ui/requests/{rid}/decision", data={"csrf_token": token, "verdict": "approve", "grant": grant}
+    )
+    assert answer.status_code == 303, answer.text
+    assert await status_of(runtime, rid) == "approved"
+
+    async def later() -> str:
+        r = await agent.client.post(
+            "/v1/hooks/pre-tool-use", json={"tool_name": "granted_payout", "arguments": {"to": "y"}}
+        )
+        assert r.status_code == 200, r.text
+        return str(r.json()["decision"])
+
+    assert await later() == "allow"
+    body = _body(provider, password_hashes)
+    body["agents"]["finance-bot"]["hooks"][-1]["approvers"] = ["group:treasury"]
+    (tmp_path / "c.yaml").write_text(json.dumps(body), encoding="utf-8")
+    assert (await runtime.reload(tmp_path / "c.yaml")).ok
+    assert await later() == "pending"
 
 
 async def test_a_password_operator_of_a_group_gate_is_no_approver(
