@@ -30,7 +30,10 @@ ways, and never to the voter's advantage:
   workspace; Feishu's ``union_id`` across apps), or, for someone identified by the identity
   provider, by its subject alone (an email changed there is the same voter; an email or
   username it repeats names nobody else): one person's votes never count twice toward a
-  quorum, and nobody's claim to another's id takes that other's vote (:func:`same_voter`).
+  quorum, and nobody's claim to another's id takes that other's vote (:func:`same_voter`);
+- a **reload** never widens who decides a request already asked, and narrows it at once:
+  an approval counts only where the gate as configured now takes it too
+  (:func:`approval_refusal`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
@@ -51,6 +54,7 @@ from signoff.app.models import ConfirmationRequest, Vote
 from signoff.channels import Assurance, GrantChoice, below
 
 __all__ = [
+    "GATE_GONE",
     "GROUP_PREFIX",
     "NOT_AN_APPROVER",
     "NOT_HERE",
@@ -58,6 +62,7 @@ __all__ = [
     "EscalationStep",
     "GateSnapshot",
     "Voter",
+    "approval_refusal",
     "asked",
     "assurance_refusal",
     "card_gates",
@@ -118,8 +123,9 @@ class EscalationStep(BaseModel):
 
 
 class GateSnapshot(BaseModel):
-    """One gate as a request recorded it (an entry of its ``gates``): what its approvers
-    decide by, whatever the configuration becomes. Read from the row by :func:`gates_of`."""
+    """One gate as a request recorded it (an entry of its ``gates``): who was asked and what
+    they decide by, whatever the configuration becomes (a reload can only narrow it:
+    :func:`approval_refusal`). Read from the row by :func:`gates_of`."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -407,6 +413,45 @@ def gate_refusal(
     if gate.min_assurance is not None and below(voter.assurance, gate.min_assurance):
         return assurance_refusal(gate.min_assurance, voter.assurance)
     return None
+
+
+GATE_GONE = (
+    "The gate this request was asked under is no longer configured, so it takes no more "
+    "approvals; reject it or let it expire."
+)
+
+
+def approval_refusal(
+    gate: GateSnapshot,
+    agent: str,
+    *,
+    requesters: Iterable[str | None],
+    voter: Voter,
+    config: SignoffConfig,
+    created_at: datetime | None = None,
+    now: datetime | None = None,
+) -> str | None:
+    """Why the gate as configured now would not take ``voter``'s approval on a request that
+    recorded it as ``gate`` under an earlier configuration (None: it would, or nothing changed).
+
+    An approval counts only where both would take it: a reload never widens who decides a
+    request already asked (its snapshot says who was asked), and an approver it removes, a
+    level it raises or self-approval it forbids takes effect on pending requests at once.
+    Where the card is stays the snapshot's to judge."""
+    if gate.config_version == config.version:
+        return None
+    current = dict(config.confirmation_gates(agent)).get(gate.key)
+    if current is None:
+        return GATE_GONE
+    return gate_refusal(
+        recorded(gate.key, current, config)[0],
+        channel=gate.channel,
+        requesters=requesters,
+        voter=replace(voter, operator=True),
+        config=config,
+        created_at=created_at,
+        now=now,
+    )
 
 
 _PARSED = "_signoff_gates"

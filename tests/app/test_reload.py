@@ -114,7 +114,7 @@ async def test_a_reload_applies_to_the_next_call_and_pending_requests_keep_their
         )
         await eventually(lambda: runtime.hub.waiting == 1)  # parked in its long-poll
 
-        write(config_file, with_refund_gate(DEFAULT_CONFIG, approvers=["carol"]))
+        write(config_file, with_refund_gate(DEFAULT_CONFIG, approvers=["bob", "carol"]))
         done = await http.post("/v1/admin/config/reload", headers=admin())
         assert done.status_code == 200, done.text
         assert done.json()["ok"] is True
@@ -132,12 +132,17 @@ async def test_a_reload_applies_to_the_next_call_and_pending_requests_keep_their
         trail = (await http.get(f"/v1/admin/requests/{rid}", headers=admin())).json()
         assert trail["config_version"] == before["version"]
 
-        # The pending request keeps the gate it was made under: Bob may still decide it.
+        # The pending request keeps the gate it was made under, and an approval must suit the
+        # gate as reloaded too: Carol, added, was not asked; Alice, removed, approves no more;
+        # Bob, in both, decides it.
         assert not waiter.done(), "a reload does not disconnect waiting agents"
-        async with transaction(runtime.sessions) as session:
-            vote = await decide(session, rid, verdict=Verdict.APPROVE, operator="bob", config=runtime.config)
-        assert vote is not None
-        assert vote.accepted, vote.message
+        for operator, accepted in (("carol", False), ("alice", False), ("bob", True)):
+            async with transaction(runtime.sessions) as session:
+                vote = await decide(
+                    session, rid, verdict=Verdict.APPROVE, operator=operator, config=runtime.config
+                )
+            assert vote is not None
+            assert vote.accepted is accepted, (operator, vote.message)
         answer = await asyncio.wait_for(waiter, 10)
     assert answer.json()["status"] == "approved"
     assert answer.json()["decided_by"]["user_id"] == "bob"
