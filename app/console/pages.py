@@ -26,6 +26,7 @@ from signoff.app.requests.eligibility import (
     NOT_AN_APPROVER,
     OWN_CALL,
     Voter,
+    approval_refusal,
     eligible_gates,
     gates_of,
     is_not_yet,
@@ -336,6 +337,21 @@ def _hint(req: ConfirmationRequest, voter: Voter, votes: Sequence[Vote], config:
         return "This call was made on your behalf: you cannot approve it."
     if why is not None:
         return why  # e.g. the gate takes votes identified more surely than this sign-in
+    now = utcnow()
+    reloaded = [
+        approval_refusal(
+            gates[i],
+            req.agent_id,
+            requesters=requesters,
+            voter=voter,
+            config=config,
+            created_at=req.created_at,
+            now=now,
+        )
+        for i in eligible
+    ]
+    if reloaded and all(reloaded):
+        return f"{reloaded[0]} You may still reject it."
     voted = {v.gate for v in votes if same_voter(v, voter, config)}
     if eligible and voted.issuperset(eligible):
         return "You have already voted on this request."

@@ -417,6 +417,30 @@ async def test_a_group_members_grant_holds_while_the_group_approves(
     assert await later() == "pending"
 
 
+async def test_a_reload_taking_the_group_off_a_gate_stops_its_pending_approvals(
+    console: Console,
+    provider: FakeProvider,
+    password_hashes: dict[str, str],
+    agent: Agent,
+    runtime: Runtime,
+    tmp_path: Path,
+) -> None:
+    rid = await agent.ask("one_payout", arguments={"to": "x"})
+    await _sign_in(console, provider, DANA)
+    body = _body(provider, password_hashes)
+    next(h for h in body["agents"]["finance-bot"]["hooks"] if h.get("name") == "lead-once")["approvers"] = [
+        "group:treasury"
+    ]
+    (tmp_path / "c.yaml").write_text(json.dumps(body), encoding="utf-8")
+    assert (await runtime.reload(tmp_path / "c.yaml")).ok
+    page = html.unescape((await console.get(f"/ui/requests/{rid}")).text)
+    assert "You are not an approver for this request. You may still reject it." in page
+    assert "You are not an approver for this request." in await _flash_after(console, rid)
+    assert await status_of(runtime, rid) == "pending"
+    await _flash_after(console, rid, "reject")
+    assert await status_of(runtime, rid) == "rejected"
+
+
 async def test_a_password_operator_of_a_group_gate_is_no_approver(
     console: Console, agent: Agent, runtime: Runtime
 ) -> None:
