@@ -26,7 +26,7 @@ from signoff.app.requests.eligibility import (
     NOT_AN_APPROVER,
     OWN_CALL,
     Voter,
-    approval_refusal,
+    approving_gates,
     eligible_gates,
     gates_of,
     is_not_yet,
@@ -337,21 +337,18 @@ def _hint(req: ConfirmationRequest, voter: Voter, votes: Sequence[Vote], config:
         return "This call was made on your behalf: you cannot approve it."
     if why is not None:
         return why  # e.g. the gate takes votes identified more surely than this sign-in
-    now = utcnow()
-    reloaded = [
-        approval_refusal(
-            gates[i],
-            req.agent_id,
-            requesters=requesters,
-            voter=voter,
-            config=config,
-            created_at=req.created_at,
-            now=now,
-        )
-        for i in eligible
-    ]
-    if reloaded and all(reloaded):
-        return f"{reloaded[0]} You may still reject it."
+    _, reloaded = approving_gates(
+        gates,
+        eligible,
+        req.agent_id,
+        requesters=requesters,
+        voter=voter,
+        config=config,
+        created_at=req.created_at,
+        now=utcnow(),
+    )
+    if reloaded is not None:
+        return f"{reloaded} You may still reject it."
     voted = {v.gate for v in votes if same_voter(v, voter, config)}
     if eligible and voted.issuperset(eligible):
         return "You have already voted on this request."

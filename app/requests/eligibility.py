@@ -63,6 +63,7 @@ __all__ = [
     "GateSnapshot",
     "Voter",
     "approval_refusal",
+    "approving_gates",
     "asked",
     "assurance_refusal",
     "card_gates",
@@ -452,6 +453,30 @@ def approval_refusal(
         created_at=created_at,
         now=now,
     )
+
+
+def approving_gates(
+    gates: Sequence[GateSnapshot],
+    eligible: Sequence[int],
+    agent: str,
+    *,
+    requesters: Iterable[str | None],
+    voter: Voter,
+    config: SignoffConfig,
+    created_at: datetime | None = None,
+    now: datetime | None = None,
+) -> tuple[list[int], str | None]:
+    """Of the gates ``eligible`` (by :func:`eligible_gates`), those whose configuration now
+    takes ``voter``'s approval too (:func:`approval_refusal`), and, when none does, why."""
+    requesters = tuple(requesters)
+    refused = {
+        i: approval_refusal(
+            gates[i], agent, requesters=requesters, voter=voter, config=config, created_at=created_at, now=now
+        )
+        for i in eligible
+    }
+    kept = [i for i in eligible if refused[i] is None]
+    return kept, None if kept or not eligible else next(w for w in refused.values() if w is not None)
 
 
 _PARSED = "_signoff_gates"

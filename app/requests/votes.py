@@ -26,7 +26,7 @@ from signoff.app.requests.eligibility import (
     NOT_AN_APPROVER,
     GateSnapshot,
     Voter,
-    approval_refusal,
+    approving_gates,
     eligible_gates,
     gates_of,
     same_voter,
@@ -204,20 +204,16 @@ async def apply_vote(
     )
     if verdict is Verdict.APPROVE and eligible:
         # A reload since the request was made: the gates as configured now must take it too.
-        now_refused = {
-            i: approval_refusal(
-                gates[i],
-                req.agent_id,
-                requesters=requesters,
-                voter=voter,
-                config=config,
-                created_at=req.created_at,
-                now=now,
-            )
-            for i in eligible
-        }
-        eligible = [i for i in eligible if now_refused[i] is None]
-        why = why or next((w for w in now_refused.values() if w is not None), None)
+        eligible, why = approving_gates(
+            gates,
+            eligible,
+            req.agent_id,
+            requesters=requesters,
+            voter=voter,
+            config=config,
+            created_at=req.created_at,
+            now=now,
+        )
     if not eligible:
         return await refuse(why or NOT_AN_APPROVER)
     if (
