@@ -20,8 +20,9 @@ What ``signoff audit verify`` (:func:`verify_chain`) still detects, chain by cha
 - a deleted event: a gap in its chain's numbers;
 - a reordering: the links (``prev_hash``) no longer follow; across chains the order of
   events is their time, which each hash covers, so moving one is an edit;
-- a truncation: its chain's head counts more events than are there, and a deleted head
-  row (the heads are exactly chains 1 to :data:`CHAINS`) is named too.
+- a truncation: its chain's head counts more events than are there, or (its count lowered
+  too) its last hash is not the last event's; a deleted head row (the heads are exactly
+  chains 1 to :data:`CHAINS`) is named too.
 
 As with one chain, someone who can rewrite the database can rewrite a chain's tail and its
 head together: the log holds no anchor outside the database. The event numbers (``seq``) come from the
@@ -312,16 +313,19 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
         return 0, BrokenLink(0, f"chain {missing[0]}'s head is missing (deleted)")
     count, chain, prev, seen = 0, 0, GENESIS, 0
 
-    def short(c: int, n: int) -> BrokenLink | None:
-        """Chain ``c``'s end, after ``n`` events of it were seen."""
+    def short(c: int, n: int, last: str) -> BrokenLink | None:
+        """Chain ``c``'s end, after ``n`` events of it were seen, the last hashed ``last``."""
         if heads[c].seq != n:
             return BrokenLink(0, f"chain {c}'s head says {heads[c].seq} events but {n} exist (deleted)")
+        if heads[c].last_hash != last:
+            of = f"its event {n}'s" if n else "an empty chain's"
+            return BrokenLink(0, f"chain {c}'s head's last hash is not {of} (edited or truncated)")
         return None
 
     def ends(upto: int) -> BrokenLink | None:
         """The chains after ``chain`` and before ``upto`` are empty, and ``chain`` ends here."""
-        for c, n in [(chain, seen), *((c, 0) for c in range(chain + 1, upto))]:
-            if c and (broken := short(c, n)) is not None:
+        for c, n, last in [(chain, seen, prev), *((c, 0, GENESIS) for c in range(chain + 1, upto))]:
+            if c and (broken := short(c, n, last)) is not None:
                 return broken
         return None
 

@@ -1,0 +1,243 @@
+"""Tampering with the audit log after real traffic, in the database, is found by ``signoff
+audit verify`` (one line naming what is wrong, exit 1), on SQLite and PostgreSQL.
+
+The traffic goes through the HTTP API: requests created by an agent, approved and rejected
+by an operator, a call reported executed. Then rows are changed with SQL as someone with
+write access to the database (but without the server's keys) would change them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from signoff.app import audit
+from signoff.app.audit import Actor, event_hash, verify_chain
+from signoff.app.config import SignoffConfig
+from signoff.app.db import transaction
+from signoff.app.models import AuditEvent, AuditHead
+from signoff.app.runtime import Runtime
+from tests.cli import signoff
+from tests.conftest import in_process_http
+from tests.redteam.support import POST, agent, attack_config, decide, pending, send
+
+pytestmark = pytest.mark.postgres
+
+EV = AuditEvent.__table__  # type: ignore[attr-defined]
+HEAD = AuditHead.__table__  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def config() -> SignoffConfig:
+    return attack_config()
+
+
+class _TwoChains:
+    """Stands in for ``random`` in :mod:`signoff.app.audit`: writers start at chain 1 or 2, so
+    each chain holds events of several transactions and requests (as on a busy server)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def randint(self, a: int, b: int) -> int:
+        self.n += 1
+        return 1 + self.n % 2
+
+
+@pytest.fixture(autouse=True)
+def _two_chains(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(audit, "random", _TwoChains())
+
+
+async def _traffic(runtime: Runtime, key: str) -> None:
+    """Requests approved, rejected and one reported executed, through the HTTP API."""
+    async with in_process_http(runtime) as http:
+        for i in range(4):
+            call = send(1000 + i)
+            rid = await pending(http, key, call)
+            verdict = "approve" if i % 2 == 0 else "reject"
+            assert (await decide(http, rid, verdict=verdict)).status_code == 200
+            if verdict == "approve":
+                r = await http.post(POST, json={**call, "result": "paid"}, headers=agent(key))
+                assert r.status_code == 200, r.text
+
+
+async def _chains(runtime: Runtime) -> dict[int, list[AuditEvent]]:
+    async with runtime.sessions() as s:
+        stmt = select(AuditEvent).order_by(col(AuditEvent.chain), col(AuditEvent.chain_seq))
+        events = list((await s.exec(stmt)).all())
+    chains: dict[int, list[AuditEvent]] = {}
+    for e in events:
+        chains.setdefault(e.chain, []).append(e)
+    return chains
+
+
+async def _cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``signoff ARGS`` on the database (in a thread: the command runs its own event loop)."""
+    env = {"SIGNOFF_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"}
+    return await asyncio.to_thread(signoff, *args, env=env)
+
+
+async def _verify(db_url: str) -> tuple[int, str]:
+    """``signoff audit verify`` on the database: its exit code and its output."""
+    done = await _cli(db_url, "audit", "verify")
+    return done.returncode, done.stdout + done.stderr
+
+
+async def _tamper(runtime: Runtime, change: Callable[[AsyncSession], Awaitable[Any]]) -> None:
+    async with transaction(runtime.sessions) as s:
+        await change(s)
+
+
+def _rehash(ev: AuditEvent, prev: str, **changes: Any) -> dict[str, Any]:
+    """The row of ``ev`` with ``changes``, linked to ``prev`` and hashed as the server does."""
+    row = {
+        "request_id": ev.request_id,
+        "action": ev.action,
+        "actor_channel": ev.actor_channel,
+        "actor_id": ev.actor_id,
+        "actor_name": ev.actor_name,
+        "detail": ev.detail,
+        "created_at": ev.created_at,
+        **changes,
+    }
+    digest = event_hash(
+        seq=ev.chain_seq,
+        prev_hash=prev,
+        request_id=row["request_id"],
+        action=row["action"],
+        actor=Actor(row["actor_channel"] or "", row["actor_id"], row["actor_name"]),
+        detail=row["detail"],
+        created_at=row["created_at"],
+    )
+    return {**row, "prev_hash": prev, "hash": digest}
+
+
+async def test_an_untouched_log_after_traffic_verifies(runtime: Runtime, agent_key: str, db_url: str) -> None:
+    await _traffic(runtime, agent_key)
+    total = sum(len(c) for c in (await _chains(runtime)).values())
+    code, out = await _verify(db_url)
+    assert code == 0, out
+    assert out.strip() == f"audit chain intact: {total} events"
+
+
+async def test_a_truncated_tail_with_its_count_lowered_is_found_by_the_heads_hash(
+    runtime: Runtime, agent_key: str, db_url: str
+) -> None:
+    """The last event deleted and the head's count lowered, its last hash left: the head no
+    longer ends where the chain does."""
+    await _traffic(runtime, agent_key)
+    chain, events = max((await _chains(runtime)).items(), key=lambda c: len(c[1]))
+    last = events[-1]
+
+    async def truncate(s: AsyncSession) -> None:
+        await s.exec(sa.delete(EV).where(EV.c.seq == last.seq))
+        await s.exec(sa.update(HEAD).where(HEAD.c.id == chain).values(seq=HEAD.c.seq - 1))
+
+    await _tamper(runtime, truncate)
+    code, out = await _verify(db_url)
+    assert code == 1, out
+    assert out.count("\n") == 1, out
+    assert f"chain {chain}'s head" in out
+    assert "last hash" in out
+
+
+async def test_the_last_event_edited_and_rehashed_is_found_by_the_heads_hash(
+    runtime: Runtime, agent_key: str, db_url: str
+) -> None:
+    await _traffic(runtime, agent_key)
+    chain, events = max((await _chains(runtime)).items(), key=lambda c: len(c[1]))
+    last = events[-1]
+
+    async def edit(s: AsyncSession) -> None:
+        row = _rehash(last, last.prev_hash, actor_name="Mallory")
+        await s.exec(sa.update(EV).where(EV.c.seq == last.seq).values(**row))
+
+    await _tamper(runtime, edit)
+    code, out = await _verify(db_url)
+    assert code == 1, out
+    assert f"chain {chain}'s head" in out
+    assert "last hash" in out
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "edit_detail",
+        "edit_actor",
+        "edit_time",
+        "move_request",
+        "swap_order",
+        "delete_middle",
+        "delete_tail",
+        "delete_request_events",
+        "delete_head",
+        "edit_head",
+        "reinsert_old",
+    ],
+)
+async def test_each_tampering_after_traffic_is_one_line_and_exit_1(
+    runtime: Runtime, agent_key: str, db_url: str, kind: str
+) -> None:
+    await _traffic(runtime, agent_key)
+    chains = await _chains(runtime)
+    chain, events = max(chains.items(), key=lambda c: len(c[1]))
+    assert len(events) >= 3, "several transactions share a chain on this traffic"
+    middle = events[len(events) // 2]
+    others = [e for c in chains.values() for e in c if e.request_id and e.request_id != middle.request_id]
+
+    async def change(s: AsyncSession) -> None:
+        by_seq = EV.c.seq == middle.seq
+        if kind == "edit_detail":
+            await s.exec(sa.update(EV).where(by_seq).values(detail={**middle.detail, "reason": "x"}))
+        elif kind == "edit_actor":
+            await s.exec(sa.update(EV).where(by_seq).values(actor_name="Mallory", actor_id="mallory"))
+        elif kind == "edit_time":
+            await s.exec(sa.update(EV).where(by_seq).values(created_at=middle.created_at.replace(year=2020)))
+        elif kind == "move_request":
+            await s.exec(sa.update(EV).where(by_seq).values(request_id=others[0].request_id))
+        elif kind == "swap_order":
+            a, b = events[0], events[1]
+            await s.exec(sa.update(EV).where(EV.c.seq == a.seq).values(chain_seq=-1))
+            await s.exec(sa.update(EV).where(EV.c.seq == b.seq).values(chain_seq=a.chain_seq))
+            await s.exec(sa.update(EV).where(EV.c.seq == a.seq).values(chain_seq=b.chain_seq))
+        elif kind == "delete_middle":
+            await s.exec(sa.delete(EV).where(by_seq))
+        elif kind == "delete_tail":
+            await s.exec(sa.delete(EV).where(EV.c.seq.in_([e.seq for e in events[-2:]])))
+        elif kind == "delete_request_events":
+            await s.exec(sa.delete(EV).where(EV.c.request_id == middle.request_id))
+        elif kind == "delete_head":
+            await s.exec(sa.delete(HEAD).where(HEAD.c.id == chain))
+        elif kind == "edit_head":
+            await s.exec(sa.update(HEAD).where(HEAD.c.id == chain).values(last_hash="f" * 64))
+        else:  # an old event inserted again at the end, as a replay of it
+            first = events[0]
+            await s.exec(
+                sa.insert(EV).values(
+                    chain=chain,
+                    chain_seq=events[-1].chain_seq + 1,
+                    **{k: getattr(first, k) for k in _rehash(first, "").keys()},
+                )
+            )
+            await s.exec(sa.update(HEAD).where(HEAD.c.id == chain).values(seq=HEAD.c.seq + 1))
+
+    await _tamper(runtime, change)
+    code, out = await _verify(db_url)
+    assert code == 1, (kind, out)
+    assert out.count("\n") == 1, out
+    assert out.startswith("error: audit chain broken"), out
+    assert "Traceback" not in out
+    async with runtime.sessions() as s:
+        _, broken = await verify_chain(s)
+    assert broken is not None
+    if kind == "delete_head":  # the next tests' databases are emptied, not made again
+        async with transaction(runtime.sessions) as s:
+            await s.exec(sa.insert(HEAD).values(id=chain, seq=0, last_hash=audit.GENESIS))
