@@ -20,6 +20,8 @@ What ``signoff audit verify`` (:func:`verify_chain`) still detects, chain by cha
 - a deleted event: a gap in its chain's numbers;
 - a reordering: the links (``prev_hash``) no longer follow; across chains the order of
   events is their time, which each hash covers, so moving one is an edit;
+- an added event: past its chain's head (its head not moved with it), or a gap or broken
+  link within the chain;
 - a truncation: its chain's head counts more events than are there, or (its count lowered
   too) its last hash is not the last event's; a deleted head row (the heads are exactly
   chains 1 to :data:`CHAINS`) is named too.
@@ -302,7 +304,9 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
     """Walk every chain from its start; return the events checked and the first broken link.
 
     Each walk stops at its head as read first, so events appended meanwhile (by
-    transactions that committed after it) are left for the next check.
+    transactions that committed after it) are left for the next check; the heads are read
+    again at the end, and an event past what its head counts then was not appended by a
+    transaction (added).
     """
     heads = {h.id: h for h in (await session.exec(select(AuditHead))).all()}
     unknown = sorted(set(heads) - set(range(1, CHAINS + 1)))
@@ -312,6 +316,8 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
     if missing:
         return 0, BrokenLink(0, f"chain {missing[0]}'s head is missing (deleted)")
     count, chain, prev, seen = 0, 0, GENESIS, 0
+    beyond: list[tuple[int, int, int]] = []
+    """The events past their head as read first: (chain, place, seq), in order."""
 
     def short(c: int, n: int, last: str) -> BrokenLink | None:
         """Chain ``c``'s end, after ``n`` events of it were seen, the last hashed ``last``."""
@@ -339,7 +345,9 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
                 return count, broken
             chain, prev, seen = ev.chain, GENESIS, 0
         if ev.chain_seq > heads[chain].seq:
-            continue  # committed after the heads were read
+            # Committed after the heads were read, or added by hand: checked below.
+            beyond.append((chain, ev.chain_seq, ev.seq))
+            continue
         where = f"chain {chain} event {seen + 1}"
         if ev.chain_seq != seen + 1:
             return count, BrokenLink(ev.seq, f"{where} is missing (the next is {ev.chain_seq})")
@@ -359,4 +367,15 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
         prev, seen, count = ev.hash, seen + 1, count + 1
     if (broken := ends(CHAINS + 1)) is not None:
         return count, broken
+    if beyond:
+        # A transaction moves its chain's head in the commit that adds its events: any event
+        # seen after the heads were first read is counted by its head now.
+        # Columns, not the rows as objects: the session's identity map keeps those as first read.
+        rows = (await session.exec(select(col(AuditHead.id), col(AuditHead.seq)))).all()
+        now = dict(rows)
+        for c, n, seq in beyond:
+            if n > now.get(c, 0):
+                return count, BrokenLink(
+                    seq, f"chain {c} event {n} is past its chain's head ({now.get(c, 0)} events) (added)"
+                )
     return count, None

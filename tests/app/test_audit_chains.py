@@ -169,29 +169,49 @@ async def test_a_head_added_or_rewound_is_named(runtime: Runtime) -> None:
 
 
 async def test_events_committed_after_the_heads_were_read_are_left_for_the_next_check(
-    runtime: Runtime,
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An event committed after ``verify_chain`` read the heads (with its head moved, as every
+    append does) is not counted and not an error; one past its head with the head left as it
+    was was not appended by a transaction, and is named."""
     events = await _write_log(runtime, transactions=2)
+    chain = events[0].chain
     async with runtime.sessions() as s:
-        heads = {h.id: h.seq for h in (await s.exec(select(AuditHead))).all()}
+        head = (await s.exec(select(AuditHead).where(col(AuditHead.id) == chain))).one()
+    walk = audit._events
 
-    async def later(s: AsyncSession) -> None:
-        # An event beyond its head, as a concurrent transaction leaves it before its head update
-        # is visible: not counted, not an error.
-        chain = events[0].chain
-        await s.exec(
-            sa.insert(EV).values(
-                chain=chain,
-                chain_seq=heads[chain] + 1,
-                action="tool_call",
-                detail={},
-                created_at=events[0].created_at,
-                prev_hash="x" * 64,
-                hash="y" * 64,
+    def committed_meanwhile(move_head: bool) -> Callable[..., Any]:
+        async def events_after(s: AsyncSession, batch: int = 1000) -> Any:
+            await s.exec(
+                sa.insert(EV).values(
+                    chain=chain,
+                    chain_seq=head.seq + 1,
+                    action="tool_call",
+                    detail={},
+                    created_at=events[0].created_at,
+                    prev_hash=head.last_hash,
+                    hash="y" * 64,
+                )
             )
-        )
+            if move_head:
+                await s.exec(sa.update(HEAD).where(HEAD.c.id == chain).values(seq=head.seq + 1))
+            async for ev in walk(s, batch):
+                yield ev
 
-    assert await _verify_tampered(runtime, later) == (len(events), None)
+        return events_after
+
+    async def nothing(s: AsyncSession) -> None:
+        return None
+
+    monkeypatch.setattr(audit, "_events", committed_meanwhile(move_head=True))
+    assert await _verify_tampered(runtime, nothing) == (len(events), None)
+    monkeypatch.setattr(audit, "_events", committed_meanwhile(move_head=False))
+    count, broken = await _verify_tampered(runtime, nothing)
+    assert count == len(events)
+    assert broken is not None
+    assert broken.problem == (
+        f"chain {chain} event {head.seq + 1} is past its chain's head ({head.seq} events) (added)"
+    )
 
 
 async def test_overlapping_writers_take_different_chains_without_waiting(runtime: Runtime) -> None:

@@ -128,6 +128,32 @@ async def test_an_untouched_log_after_traffic_verifies(runtime: Runtime, agent_k
     assert out.strip() == f"audit chain intact: {total} events"
 
 
+async def test_a_forged_event_beyond_its_head_is_found(runtime: Runtime, agent_key: str, db_url: str) -> None:
+    """An event added past a chain's head (the head left as it was) is not one a transaction
+    appended: a transaction moves the head in the same commit, so once the event is visible
+    its head counts it. It must not pass as "committed after the heads were read"."""
+    await _traffic(runtime, agent_key)
+    chains = await _chains(runtime)
+    chain, events = next(iter(chains.items()))
+    last = events[-1]
+
+    async def forge(s: AsyncSession) -> None:
+        await s.exec(
+            sa.insert(EV).values(
+                chain=chain,
+                chain_seq=last.chain_seq + 1,
+                **_rehash(last, last.hash, action="approved", actor_name="Alice Liu"),
+            )
+        )
+
+    await _tamper(runtime, forge)
+    code, out = await _verify(db_url)
+    assert code == 1, out
+    assert out.count("\n") == 1, out
+    assert f"chain {chain} event {last.chain_seq + 1}" in out
+    assert "head" in out
+
+
 async def test_a_truncated_tail_with_its_count_lowered_is_found_by_the_heads_hash(
     runtime: Runtime, agent_key: str, db_url: str
 ) -> None:
