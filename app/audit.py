@@ -26,8 +26,13 @@ What ``signoff audit verify`` (:func:`verify_chain`) still detects, chain by cha
   too) its last hash is not the last event's; a deleted head row (the heads are exactly
   chains 1 to :data:`CHAINS`) is named too.
 
-As with one chain, someone who can rewrite the database can rewrite a chain's tail and its
-head together: the log holds no anchor outside the database. The event numbers (``seq``) come from the
+The hashes are not keyed: someone who can write the database can edit, delete or cut off
+events and compute the chain's hashes and its head again from there, and the log alone
+cannot tell. What catches that is an anchor kept outside the database: :func:`anchor` (``signoff
+audit anchor``) is each chain's length and last hash, and :func:`check_anchor` (``signoff
+audit verify --anchor FILE``) finds each chain still holding the event the anchor names at
+its place; with the links verified, everything up to it is as it was. Events after the
+latest anchor have only the chains' own evidence. The event numbers (``seq``) come from the
 database as events are inserted: they order listings, but a transaction that commits late
 can add an event below a number already listed.
 """
@@ -56,8 +61,10 @@ __all__ = [
     "Actor",
     "BrokenLink",
     "Entry",
+    "anchor",
     "append",
     "append_many",
+    "check_anchor",
     "event_hash",
     "verify_chain",
 ]
@@ -379,3 +386,54 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
                     seq, f"chain {c} event {n} is past its chain's head ({now.get(c, 0)} events) (added)"
                 )
     return count, None
+
+
+async def anchor(session: AsyncSession) -> dict[str, Any]:
+    """Each non-empty chain's length and last hash, to keep outside the database:
+    ``{"taken_at", "chains": {"3": {"seq": 12, "hash": "…"}, …}}``."""
+    rows = (await session.exec(select(col(AuditHead.id), col(AuditHead.seq), col(AuditHead.last_hash)))).all()
+    return {
+        "taken_at": utcnow().isoformat(),
+        "chains": {str(c): {"seq": n, "hash": h} for c, n, h in sorted(rows) if n},
+    }
+
+
+def _anchored(value: Any) -> tuple[str, dict[int, tuple[int, str]]]:
+    """An anchor's time and chains; ValueError saying what is wrong with it."""
+    chains = value.get("chains") if isinstance(value, dict) else None
+    if not isinstance(chains, dict):
+        raise ValueError(
+            'it is not an anchor ({"taken_at", "chains": {...}}) as `signoff audit anchor` writes'
+        )
+    out: dict[int, tuple[int, str]] = {}
+    for key, tip in chains.items():
+        n = tip.get("seq") if isinstance(tip, dict) else None
+        h = tip.get("hash") if isinstance(tip, dict) else None
+        if not (str(key).isdigit() and 1 <= int(key) <= CHAINS):
+            raise ValueError(f"it names chain {key!r}; the chains are 1 to {CHAINS}")
+        if type(n) is not int or n < 1 or not isinstance(h, str):
+            raise ValueError(f"chain {key} has no length (seq) and last hash (hash)")
+        out[int(key)] = (n, h)
+    return str(value.get("taken_at") or "at an unknown time"), out
+
+
+async def check_anchor(session: AsyncSession, value: Any) -> BrokenLink | None:
+    """Whether each chain still holds the event ``value`` (an :func:`anchor`) names at its
+    place; with :func:`verify_chain` passing, every event up to it is then as anchored.
+    Raises ValueError for what is not an anchor."""
+    taken_at, chains = _anchored(value)
+    for c, (n, h) in sorted(chains.items()):
+        stmt = select(col(AuditEvent.seq), col(AuditEvent.hash)).where(
+            col(AuditEvent.chain) == c, col(AuditEvent.chain_seq) == n
+        )
+        found = (await session.exec(stmt)).first()
+        if found is None:
+            return BrokenLink(
+                0, f"chain {c} has no event {n}, which the anchor taken at {taken_at} holds (truncated)"
+            )
+        if found[1] != h:
+            return BrokenLink(
+                found[0],
+                f"chain {c} event {n} is not the one the anchor taken at {taken_at} holds (rewritten)",
+            )
+    return None

@@ -836,19 +836,63 @@ def grants_revoke(
 
 
 @audit_app.command("verify")
-def audit_verify() -> None:
+def audit_verify(
+    anchor: Annotated[
+        Path | None,
+        typer.Option(help="Also check against an anchor `signoff audit anchor` wrote (kept elsewhere)."),
+    ] = None,
+) -> None:
     """Check the audit log's hash chain; report the first broken link."""
-    from signoff.app.audit import verify_chain
+    import json
+
+    from signoff.app.audit import check_anchor, verify_chain
+
+    anchored: Any = None
+    if anchor is not None:
+        try:
+            anchored = json.loads(anchor.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CliError(
+                f"{anchor} cannot be read as JSON ({exc}); give a file `signoff audit anchor` wrote"
+            ) from None
 
     async def work(session: AsyncSession, settings: Settings) -> tuple[int, BrokenLink | None]:
-        return await verify_chain(session)
+        count, broken = await verify_chain(session)
+        if broken is None and anchor is not None:
+            try:
+                broken = await check_anchor(session, anchored)
+            except ValueError as exc:
+                raise CliError(f"{anchor}: {exc}") from None
+        return count, broken
 
     count, broken = _with_session(work)
     if broken is None:
-        typer.echo(f"audit chain intact: {count} events")
+        held = f"; the anchor {anchor} holds" if anchor is not None else ""
+        typer.echo(f"audit chain intact: {count} events{held}")
         return
     at = f" at event {broken.seq}" if broken.seq else ""
     raise CliError(f"audit chain broken{at}: {broken.problem} ({count} events verified before it)")
+
+
+@audit_app.command("anchor")
+def audit_anchor() -> None:
+    """Print each chain's length and last hash (JSON) once the log verifies: keep it outside
+    the database, and `signoff audit verify --anchor FILE` finds any event up to it rewritten
+    or cut off, even with the hashes computed again."""
+    import json
+
+    from signoff.app.audit import anchor, verify_chain
+
+    async def work(session: AsyncSession, settings: Settings) -> tuple[BrokenLink | None, dict[str, Any]]:
+        _, broken = await verify_chain(session)
+        return broken, await anchor(session)
+
+    broken, taken = _with_session(work)
+    if broken is not None:
+        raise CliError(
+            f"the audit log does not verify ({broken.problem}): no anchor taken; run `signoff audit verify`"
+        )
+    typer.echo(json.dumps(taken, indent=2))
 
 
 def _moment(text: str | None, name: str) -> Any:

@@ -9,6 +9,7 @@ write access to the database (but without the server's keys) would change them.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -193,6 +194,59 @@ async def test_the_last_event_edited_and_rehashed_is_found_by_the_heads_hash(
     assert "last hash" in out
 
 
+async def test_a_rewritten_chain_is_found_against_an_anchor_taken_before(
+    runtime: Runtime, agent_key: str, db_url: str, tmp_path: Any
+) -> None:
+    """The hashes are not keyed: whoever writes the database can edit an event and rehash
+    its chain from there, head included, and the log alone cannot tell. An anchor (each
+    chain's length and last hash, kept outside the database) taken before can."""
+    await _traffic(runtime, agent_key)
+    anchor = await _cli(db_url, "audit", "anchor")
+    assert anchor.returncode == 0, anchor.stderr
+    path = tmp_path / "anchor.json"
+    path.write_text(anchor.stdout)
+    assert (await _cli(db_url, "audit", "verify", "--anchor", str(path))).returncode == 0
+
+    async with in_process_http(runtime) as http:  # more traffic after the anchor is fine
+        rid = await pending(http, agent_key, send(5000))
+        assert (await decide(http, rid)).status_code == 200
+    done = await _cli(db_url, "audit", "verify", "--anchor", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "anchor" in done.stdout
+
+    chain, events = max((await _chains(runtime)).items(), key=lambda c: len(c[1]))
+    anchored = json.loads(path.read_text())["chains"][str(chain)]["seq"]
+    victim = events[0]
+
+    async def rewrite(s: AsyncSession) -> None:
+        prev = victim.prev_hash
+        for i, ev in enumerate(events):
+            row = _rehash(ev, prev, **({"actor_name": "Mallory"} if i == 0 else {}))
+            await s.exec(sa.update(EV).where(EV.c.seq == ev.seq).values(**row))
+            prev = row["hash"]
+        await s.exec(sa.update(HEAD).where(HEAD.c.id == chain).values(last_hash=prev))
+
+    await _tamper(runtime, rewrite)
+    code, _ = await _verify(db_url)
+    assert code == 0, "without an anchor, a chain rewritten with its head verifies (stated limit)"
+    done = await _cli(db_url, "audit", "verify", "--anchor", str(path))
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"chain {chain}" in done.stderr
+    assert "anchor" in done.stderr
+
+    async def truncate(s: AsyncSession) -> None:  # below the anchor, head and all
+        await s.exec(sa.delete(EV).where(EV.c.chain == chain))
+        await s.exec(sa.update(HEAD).where(HEAD.c.id == chain).values(seq=0, last_hash="0" * 64))
+
+    await _tamper(runtime, truncate)
+    assert (await _verify(db_url))[0] == 0
+    done = await _cli(db_url, "audit", "verify", "--anchor", str(path))
+    assert done.returncode == 1
+    assert f"chain {chain}" in done.stderr
+    assert f"{anchored}" in done.stderr
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -267,3 +321,34 @@ async def test_each_tampering_after_traffic_is_one_line_and_exit_1(
     if kind == "delete_head":  # the next tests' databases are emptied, not made again
         async with transaction(runtime.sessions) as s:
             await s.exec(sa.insert(HEAD).values(id=chain, seq=0, last_hash=audit.GENESIS))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["not json", "[]", '{"chains": {"65": {"seq": 1, "hash": "x"}}}', '{"chains": {"1": {"seq": "1"}}}'],
+)
+async def test_an_anchor_that_is_not_one_is_refused_in_one_line(
+    runtime: Runtime, agent_key: str, db_url: str, tmp_path: Any, text: str
+) -> None:
+    await _traffic(runtime, agent_key)
+    path = tmp_path / "anchor.json"
+    path.write_text(text)
+    done = await _cli(db_url, "audit", "verify", "--anchor", str(path))
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert str(path) in done.stderr
+    assert "signoff audit anchor" in done.stderr or "chain" in done.stderr
+
+
+async def test_no_anchor_is_taken_of_a_broken_log(runtime: Runtime, agent_key: str, db_url: str) -> None:
+    await _traffic(runtime, agent_key)
+    _, events = max((await _chains(runtime)).items(), key=lambda c: len(c[1]))
+
+    async def edit(s: AsyncSession) -> None:
+        await s.exec(sa.update(EV).where(EV.c.seq == events[0].seq).values(actor_name="Mallory"))
+
+    await _tamper(runtime, edit)
+    done = await _cli(db_url, "audit", "anchor")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert "no anchor taken" in done.stderr
