@@ -136,8 +136,9 @@ def verify_receipt(
     or its list): its key is among them, the signature is the key's over the payload's JCS
     bytes, and the receipt was issued while the key was in use. With ``call`` (``{agent, tool,
     arguments, session, policy_version}``), also that the receipt covers that call: a decision
-    receipt approved it (its ``approved_digest``), an execution receipt reports it run (its
-    ``action_digest``). Returns the payload; raises :class:`ReceiptInvalid` naming what failed."""
+    receipt approved it (verdict ``approved``, its ``approved_digest``), an execution receipt
+    reports it run as approved (its ``action_digest``, ``executed_mismatch`` false). Returns
+    the payload; raises :class:`ReceiptInvalid` naming what failed."""
     try:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -207,7 +208,20 @@ def _check_call(payload: Mapping[str, Any], call: Mapping[str, Any]) -> None:
         digest = action_digest(**{name: call[name] for name in DIGEST_FIELDS})
     except ValueError as exc:
         raise ReceiptInvalid(f"the call has no action digest: {exc}") from None
-    field = "approved_digest" if payload.get("kind") == "decision" else "action_digest"
+    kind = payload.get("kind")
+    if kind == "decision" and payload.get("verdict") != "approved":
+        raise ReceiptInvalid(
+            f"the receipt does not approve this call: its verdict is {payload.get('verdict')!r}"
+        )
+    if kind == "execution" and payload.get("executed_mismatch") is not False:
+        raise ReceiptInvalid(
+            "the receipt reports a call run otherwise than approved (executed_mismatch): it covers no call"
+        )
+    if kind not in ("decision", "execution"):
+        raise ReceiptInvalid(
+            f"the receipt is of kind {kind!r}: only decision and execution receipts cover a call"
+        )
+    field = "approved_digest" if kind == "decision" else "action_digest"
     if payload.get(field) != digest:
         what = "approve" if field == "approved_digest" else "report executed"
         raise ReceiptInvalid(f"the receipt does not {what} this call: its {field} is not the call's digest")

@@ -1,0 +1,83 @@
+"""Receipts the server signed, presented for what they do not say.
+
+Real receipts come from the HTTP API (a call approved and reported run with other
+arguments, a call rejected); the checks are the verifier's own (``verify_receipt``,
+``signoff-verify``, ``signoff receipts verify``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from signoff.app.config import SignoffConfig
+from signoff.hooks.receipts import ReceiptInvalid, verify_receipt
+from tests.redteam.support import POST, agent, attack_config, decide, pending, send
+
+AGENT = "finance-bot"
+
+
+@pytest.fixture
+def config() -> SignoffConfig:
+    return attack_config()
+
+
+def _call(
+    config: SignoffConfig, sent: dict[str, Any], arguments: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "agent": AGENT,
+        "tool": sent["tool_name"],
+        "arguments": sent["arguments"] if arguments is None else arguments,
+        "session": sent.get("session_id"),
+        "policy_version": config.version,
+    }
+
+
+async def _record(http: httpx.AsyncClient, key: str, rid: str) -> dict[str, Any]:
+    r = await http.get(f"/v1/requests/{rid}", headers=agent(key))
+    assert r.status_code == 200, r.text
+    record: dict[str, Any] = r.json()
+    return record
+
+
+async def _keys(http: httpx.AsyncClient) -> dict[str, Any]:
+    published: dict[str, Any] = (await http.get("/v1/receipts/keys")).json()
+    return published
+
+
+async def test_an_execution_receipt_of_a_call_run_otherwise_is_no_cover_for_that_call(
+    http: httpx.AsyncClient, agent_key: str, config: SignoffConfig
+) -> None:
+    """Approved: 1,500 to acme. Run and reported: 900,000. The execution receipt the server
+    signs for the report (``executed_mismatch``) must not pass as covering the 900,000 call
+    when checked against it: "this call is covered" would then say so of a call nobody approved."""
+    sent = send(1500)
+    rid = await pending(http, agent_key, sent)
+    assert (await decide(http, rid)).status_code == 200
+    ran = {**sent["arguments"], "amount": 900_000}
+    report = await http.post(POST, json={**sent, "arguments": ran, "result": "ok"}, headers=agent(agent_key))
+    execution = report.json()["receipt"]
+    keys = await _keys(http)
+    assert verify_receipt(execution, keys)["executed_mismatch"] is True
+    with pytest.raises(ReceiptInvalid, match="otherwise than approved"):
+        verify_receipt(execution, keys, call=_call(config, sent, ran))
+    decision = (await _record(http, agent_key, rid))["receipt"]
+    with pytest.raises(ReceiptInvalid, match="approve this call"):
+        verify_receipt(decision, keys, call=_call(config, sent, ran))
+    verify_receipt(decision, keys, call=_call(config, sent))  # what was approved is covered
+
+
+async def test_a_rejection_covers_no_call(
+    http: httpx.AsyncClient, agent_key: str, config: SignoffConfig
+) -> None:
+    sent = send(2500)
+    rid = await pending(http, agent_key, sent)
+    assert (await decide(http, rid, verdict="reject")).status_code == 200
+    receipt = (await _record(http, agent_key, rid))["receipt"]
+    keys = await _keys(http)
+    assert verify_receipt(receipt, keys)["verdict"] == "rejected"
+    with pytest.raises(ReceiptInvalid):
+        verify_receipt(receipt, keys, call=_call(config, sent))
