@@ -95,7 +95,13 @@ def receipt_digest(receipt: Mapping[str, Any]) -> str:
 
 
 def _b64decode(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """Unpadded base64url, spelt one way only: another spelling of the same bytes (padding,
+    ``+`` or ``/``, stray characters, other trailing bits) would make another receipt, with
+    another digest, that verifies as well. ValueError for anything else."""
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != text:
+        raise ValueError(f"{text!r} is not unpadded base64url")
+    return raw
 
 
 def jwk_thumbprint(x: str) -> str:

@@ -11,10 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from signoff.app.config import SignoffConfig
 from signoff.hooks.receipts import ReceiptInvalid, verify_receipt
-from tests.redteam.support import POST, agent, attack_config, decide, pending, send
+from tests.redteam.support import POST, agent, attack_config, decide, pending, property_test, send
 
 AGENT = "finance-bot"
 
@@ -81,3 +83,27 @@ async def test_a_rejection_covers_no_call(
     assert verify_receipt(receipt, keys)["verdict"] == "rejected"
     with pytest.raises(ReceiptInvalid):
         verify_receipt(receipt, keys, call=_call(config, sent))
+
+
+SIGNATURE_SPELLINGS = st.sampled_from(["pad", "plus", "junk", "space"])
+
+
+@property_test(20)
+@given(how=SIGNATURE_SPELLINGS)
+async def test_a_signature_is_read_only_as_unpadded_base64url(
+    http: httpx.AsyncClient, agent_key: str, how: str
+) -> None:
+    """The same signature spelt otherwise (padding, ``+``/``/``, stray characters) makes another
+    receipt (another ``decision_receipt`` digest) that would verify as well."""
+    rid = await pending(http, agent_key, send(2500))
+    assert (await decide(http, rid)).status_code == 200
+    receipt = (await _record(http, agent_key, rid))["receipt"]
+    sig = receipt["signature"]
+    spelt = {
+        "pad": sig + "==",
+        "plus": sig.replace("-", "+").replace("_", "/") if ("-" in sig or "_" in sig) else sig + "!",
+        "junk": sig[:10] + "!*" + sig[10:],
+        "space": sig[:10] + " " + sig[10:],
+    }[how]
+    with pytest.raises(ReceiptInvalid, match="base64url"):
+        verify_receipt({**receipt, "signature": spelt}, await _keys(http))
