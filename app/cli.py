@@ -945,13 +945,13 @@ def receipts_verify(
     ] = None,
 ) -> None:
     """Check every receipt in FILE offline; exit 0 only when each one is valid."""
-    import json
 
     from signoff.app.evidence import verify_all
+    from signoff.hooks.receipts import read_json
 
     def load(path: Path) -> Any:
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            return read_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise CliError(f"{path} cannot be read as JSON ({exc}); give a receipt or a pack file") from None
 

@@ -35,6 +35,7 @@ __all__ = [
     "action_digest",
     "canonical_bytes",
     "jwk_thumbprint",
+    "read_json",
     "receipt_digest",
     "verify_receipt",
 ]
@@ -92,6 +93,22 @@ def receipt_digest(receipt: Mapping[str, Any]) -> str:
     """The hex SHA-256 of the JCS bytes of a whole receipt (payload, key id and signature):
     how an execution receipt names the decision receipt it follows (``decision_receipt``)."""
     return hashlib.sha256(canonical_bytes(dict(receipt))).hexdigest()
+
+
+def _unrepeated(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in seen:
+            raise ValueError(f"the key {name!r} is repeated in one object")
+        seen[name] = value
+    return seen
+
+
+def read_json(text: str) -> Any:
+    """JSON text (a receipt, a request record, a pack, the keys) as the verifier reads it: an
+    object that repeats a key is refused (ValueError), since readers that keep the first of
+    them and readers that keep the last would read two receipts."""
+    return json.loads(text, object_pairs_hook=_unrepeated)
 
 
 def _b64decode(text: str) -> bytes:
@@ -250,15 +267,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also check that it covers this call (JSON: agent, tool, arguments, session, policy_version)",
     )
     args = parser.parse_args(argv)
+
+    def read(path: str) -> Any:
+        if path == "-":
+            return read_json(sys.stdin.read())
+        with open(path, encoding="utf-8") as f:
+            return read_json(f.read())
+
     try:
-        text = sys.stdin.read() if args.receipt == "-" else open(args.receipt, encoding="utf-8").read()
-        receipt = json.loads(text)
-        with open(args.keys, encoding="utf-8") as f:
-            keys = json.load(f)
-        call = None
-        if args.call is not None:
-            with open(args.call, encoding="utf-8") as f:
-                call = json.load(f)
+        receipt = read(args.receipt)
+        keys = read(args.keys)
+        call = None if args.call is None else read(args.call)
     except (OSError, ValueError) as exc:
         sys.stderr.write(
             f"signoff-verify: cannot read the input ({exc}); give a receipt file and --keys KEYS\n"

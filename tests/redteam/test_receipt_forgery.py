@@ -7,6 +7,9 @@ arguments, a call rejected); the checks are the verifier's own (``verify_receipt
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from signoff.app.config import SignoffConfig
-from signoff.hooks.receipts import ReceiptInvalid, verify_receipt
+from signoff.hooks.receipts import ReceiptInvalid, main, verify_receipt
+from tests.cli import signoff
 from tests.redteam.support import POST, agent, attack_config, decide, pending, property_test, send
 
 AGENT = "finance-bot"
@@ -83,6 +87,36 @@ async def test_a_rejection_covers_no_call(
     assert verify_receipt(receipt, keys)["verdict"] == "rejected"
     with pytest.raises(ReceiptInvalid):
         verify_receipt(receipt, keys, call=_call(config, sent))
+
+
+def _with_duplicate(text: str, name: str, value: Any) -> str:
+    """``text`` (a receipt's JSON) with ``"name": value`` written once more, before the signed one."""
+    signed = f'"{name}":'
+    at = text.index(signed)
+    return text[:at] + f"{json.dumps(name)}:{json.dumps(value)}," + text[at:]
+
+
+async def test_a_receipt_file_with_a_repeated_key_is_refused(
+    http: httpx.AsyncClient, agent_key: str, tmp_path: Path
+) -> None:
+    """A rejection with a second ``"verdict": "approved"`` written before the signed one reads
+    as approved to a reader that keeps the first of repeated keys, and verified (Python keeps
+    the last). What two readers can read differently is not a valid receipt."""
+    rid = await pending(http, agent_key, send(2500))
+    assert (await decide(http, rid, verdict="reject")).status_code == 200
+    receipt = (await _record(http, agent_key, rid))["receipt"]
+    text = _with_duplicate(json.dumps(receipt, separators=(",", ":")), "verdict", "approved")
+    assert text.index('"verdict":"approved"') < text.index('"verdict":"rejected"')
+    path, keys = tmp_path / "receipt.json", tmp_path / "keys.json"
+    path.write_text(text)
+    keys.write_text(json.dumps(await _keys(http)))
+    assert main([str(path), "--keys", str(keys)]) == 2
+    pack = tmp_path / "pack.json"
+    pack.write_text('{"receipts": [{"request_id": ' + json.dumps(rid) + ', "receipt": ' + text + "}]}")
+    env = {"PATH": "/usr/bin:/bin"}
+    done = await asyncio.to_thread(signoff, "receipts", "verify", str(pack), "--keys", str(keys), env=env)
+    assert done.returncode == 1, done.stdout
+    assert "repeat" in done.stderr
 
 
 SIGNATURE_SPELLINGS = st.sampled_from(["pad", "plus", "junk", "space"])
