@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from signoff.app.config import SignoffConfig
+from signoff.app.evidence import verify_all
 from signoff.hooks.receipts import ReceiptInvalid, main, verify_receipt
 from tests.cli import signoff
 from tests.redteam.support import POST, agent, attack_config, decide, pending, property_test, send
@@ -141,3 +142,32 @@ async def test_a_signature_is_read_only_as_unpadded_base64url(
     }[how]
     with pytest.raises(ReceiptInvalid, match="base64url"):
         verify_receipt({**receipt, "signature": spelt}, await _keys(http))
+
+
+async def test_a_pack_record_holds_the_receipts_of_its_own_request(
+    http: httpx.AsyncClient, agent_key: str
+) -> None:
+    """Each receipt is validly signed; a pack that files them under other requests, swaps a
+    decision and an execution receipt, or chains an execution to another decision is not."""
+    records = []
+    for amount in (1500, 2500):
+        sent = send(amount)
+        rid = await pending(http, agent_key, sent)
+        assert (await decide(http, rid)).status_code == 200
+        await http.post(POST, json={**sent, "result": "ok"}, headers=agent(agent_key))
+        rec = await _record(http, agent_key, rid)
+        records.append(
+            {"request_id": rid, "receipt": rec["receipt"], "execution_receipt": rec["execution_receipt"]}
+        )
+    keys = await _keys(http)
+    (a, b) = records
+    assert verify_all({"keys": keys["keys"], "receipts": records}, keys) == (4, [])
+    forged = {
+        "other request's receipt": {**a, "receipt": b["receipt"]},
+        "other request's execution": {**a, "execution_receipt": b["execution_receipt"]},
+        "swapped kinds": {**a, "receipt": a["execution_receipt"], "execution_receipt": a["receipt"]},
+    }
+    for name, record in forged.items():
+        _, problems = verify_all({"keys": keys["keys"], "receipts": [record]}, keys)
+        assert problems, name
+        assert all(a["request_id"] in p for p in problems), problems
