@@ -289,16 +289,14 @@ class BrokenLink:
 
 
 async def _events(session: AsyncSession, batch: int = 1000) -> AsyncIterator[AuditEvent]:
-    """Every event, chain by chain, each chain in order."""
-    last = (0, 0)
+    """Every event, chain by chain, each chain in order (whatever its chain and place: one
+    added below chain 1 or place 1 is walked too)."""
+    last: tuple[int, int] | None = None
     key = sa.tuple_(col(AuditEvent.chain), col(AuditEvent.chain_seq))
     while True:
-        stmt = (
-            select(AuditEvent)
-            .where(key > sa.tuple_(sa.literal(last[0]), sa.literal(last[1])))
-            .order_by(col(AuditEvent.chain), col(AuditEvent.chain_seq))
-            .limit(batch)
-        )
+        stmt = select(AuditEvent).order_by(col(AuditEvent.chain), col(AuditEvent.chain_seq)).limit(batch)
+        if last is not None:
+            stmt = stmt.where(key > sa.tuple_(sa.literal(last[0]), sa.literal(last[1])))
         rows = (await session.exec(stmt)).all()
         if not rows:
             return
@@ -343,11 +341,9 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
         return None
 
     async for ev in _events(session):
+        if ev.chain not in heads:
+            return count, BrokenLink(ev.seq, f"event {ev.seq} is in chain {ev.chain}, which does not exist")
         if ev.chain != chain:
-            if ev.chain not in heads:
-                return count, BrokenLink(
-                    ev.seq, f"event {ev.seq} is in chain {ev.chain}, which does not exist"
-                )
             if (broken := ends(ev.chain)) is not None:
                 return count, broken
             chain, prev, seen = ev.chain, GENESIS, 0

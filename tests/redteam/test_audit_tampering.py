@@ -352,3 +352,27 @@ async def test_no_anchor_is_taken_of_a_broken_log(runtime: Runtime, agent_key: s
     assert done.returncode == 1
     assert done.stdout == ""
     assert "no anchor taken" in done.stderr
+
+
+@pytest.mark.parametrize(("chain", "place"), [(0, 1), (0, 0), (-1, 1), (1, -1), (1, 0), (65, 1)])
+async def test_an_event_added_outside_the_chains_is_named(
+    runtime: Runtime, agent_key: str, db_url: str, chain: int, place: int
+) -> None:
+    """Chains are 1 to 64 and places count from 1: an event added anywhere else (where the
+    walk would not start, or under no head) is named in one line, not a crash or a pass."""
+    await _traffic(runtime, agent_key)
+    first = next(iter((await _chains(runtime)).values()))[0]
+
+    async def add(s: AsyncSession) -> None:
+        await s.exec(
+            sa.insert(EV).values(
+                chain=chain, chain_seq=place, **_rehash(first, audit.GENESIS, action="approved")
+            )
+        )
+
+    await _tamper(runtime, add)
+    code, out = await _verify(db_url)
+    assert code == 1, out
+    assert out.count("\n") == 1, out
+    assert out.startswith("error: audit chain broken"), out
+    assert "Error" not in out
