@@ -311,8 +311,17 @@ async def verify_chain(session: AsyncSession) -> tuple[int, BrokenLink | None]:
     Each walk stops at its head as read first, so events appended meanwhile (by
     transactions that committed after it) are left for the next check; the heads are read
     again at the end, and an event past what its head counts then was not appended by a
-    transaction (added).
+    transaction (added). A value no append writes (SQLite keeps text in any column: a time
+    or a number that is not one) is named as an edit too.
     """
+    try:
+        return await _walk(session)
+    except (ValueError, TypeError) as exc:
+        what = f"{type(exc).__name__}: {exc}"
+        return 0, BrokenLink(0, f"the log holds a value no event was written with ({what}) (edited)")
+
+
+async def _walk(session: AsyncSession) -> tuple[int, BrokenLink | None]:
     heads = {h.id: h for h in (await session.exec(select(AuditHead))).all()}
     unknown = sorted(set(heads) - set(range(1, CHAINS + 1)))
     if unknown:

@@ -376,3 +376,29 @@ async def test_an_event_added_outside_the_chains_is_named(
     assert out.count("\n") == 1, out
     assert out.startswith("error: audit chain broken"), out
     assert "Error" not in out
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("created_at", "garbage"), ("chain_seq", "x"), ("created_at", "2026-13-45")]
+)
+async def test_a_value_sqlite_keeps_but_no_append_writes_is_an_edit(
+    runtime: Runtime, agent_key: str, db_url: str, column: str, value: str
+) -> None:
+    """SQLite keeps text in any column: a time or a number that is not one is a broken log
+    in one line, not a crash."""
+    if not db_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL's column types refuse the value")
+    await _traffic(runtime, agent_key)
+    first = next(iter((await _chains(runtime)).values()))[0]
+
+    async def edit(s: AsyncSession) -> None:
+        await s.exec(
+            sa.text(f"UPDATE audit_event SET {column} = :v WHERE seq = :seq"),
+            params={"v": value, "seq": first.seq},
+        )
+
+    await _tamper(runtime, edit)
+    code, out = await _verify(db_url)
+    assert code == 1, out
+    assert out.count("\n") == 1, out
+    assert out.startswith("error: audit chain broken"), out
