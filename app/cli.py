@@ -956,10 +956,17 @@ def receipts_verify(
             raise CliError(f"{path} cannot be read as JSON ({exc}); give a receipt or a pack file") from None
 
     value = load(file)
+    own = ""
     if keys is not None:
         published: Any = load(keys)
     elif isinstance(value, dict) and isinstance(value.get("keys"), list) and "receipts" in value:
         published = {"keys": value["keys"]}
+        kids = ", ".join(str(k.get("kid")) for k in value["keys"] if isinstance(k, dict))
+        # Whoever made the pack chose them: they vouch for nothing until compared.
+        own = (
+            f", under the pack's own keys ({kids}): check they are the server's "
+            "(GET /v1/receipts/keys), or give --keys"
+        )
     else:
         from signoff.app.receipt_keys import published as from_database
 
@@ -976,7 +983,7 @@ def receipts_verify(
             if problems
             else "no receipt in the file"
         )
-    typer.echo(f"{good} receipt{'s' if good != 1 else ''} valid")
+    typer.echo(f"{good} receipt{'s' if good != 1 else ''} valid{own}")
 
 
 @receipts_app.command("keys")

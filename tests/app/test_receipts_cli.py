@@ -35,7 +35,14 @@ def test_the_evidence_pack_verifies_offline_and_survives_rotation(cli: Cli, tmp_
     assert pack["receipts"][0]["receipt"]["key_id"] != pack["receipts"][1]["receipt"]["key_id"]
     path = tmp_path / "pack.json"
     path.write_text(json.dumps(pack))
-    assert cli.ok("receipts", "verify", str(path)).strip() == "2 receipts valid"
+    said = cli.ok("receipts", "verify", str(path)).strip()
+    assert said.startswith("2 receipts valid, under the pack's own keys (")
+    assert all(k["kid"] in said for k in pack["keys"])
+    assert "GET /v1/receipts/keys" in said
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": pack["keys"]}))
+    assert cli.ok("receipts", "verify", str(path), "--keys", str(tmp_path / "keys.json")).strip() == (
+        "2 receipts valid"
+    )
 
     # Nothing decided in the period: an empty pack.
     empty = json.loads(cli.ok("audit", "export", "--receipts", "--until", "2000-01-01"))

@@ -171,3 +171,31 @@ async def test_a_pack_record_holds_the_receipts_of_its_own_request(
         _, problems = verify_all({"keys": keys["keys"], "receipts": [record]}, keys)
         assert problems, name
         assert all(a["request_id"] in p for p in problems), problems
+
+
+async def test_a_pack_forged_with_its_own_key_says_whose_keys_vouched(
+    http: httpx.AsyncClient, agent_key: str, tmp_path: Path
+) -> None:
+    """Anyone can sign a pack with a key of their own and ship the key in it: checked with
+    the pack's keys it verifies, so the answer must say the keys are the pack's (to compare
+    with the server's); with the server's keys it is refused."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from signoff.app.receipt_keys import SigningKey, sign
+
+    rid = await pending(http, agent_key, send(2500))
+    assert (await decide(http, rid, verdict="reject")).status_code == 200
+    real = (await _record(http, agent_key, rid))["receipt"]
+    mine = SigningKey(Ed25519PrivateKey.generate())
+    forged = sign({**real["payload"], "verdict": "approved"}, mine)
+    jwk = {"kid": mine.kid, "kty": "OKP", "crv": "Ed25519", "x": mine.x}
+    pack, keys = tmp_path / "pack.json", tmp_path / "keys.json"
+    pack.write_text(json.dumps({"keys": [jwk], "receipts": [{"request_id": rid, "receipt": forged}]}))
+    keys.write_text(json.dumps(await _keys(http)))
+    env = {"PATH": "/usr/bin:/bin"}
+    said = await asyncio.to_thread(signoff, "receipts", "verify", str(pack), env=env)
+    assert said.returncode == 0, said.stderr
+    assert f"under the pack's own keys ({mine.kid})" in said.stdout
+    refused = await asyncio.to_thread(signoff, "receipts", "verify", str(pack), "--keys", str(keys), env=env)
+    assert refused.returncode == 1
+    assert "not among the published keys" in refused.stderr
