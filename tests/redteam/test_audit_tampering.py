@@ -402,3 +402,47 @@ async def test_a_value_sqlite_keeps_but_no_append_writes_is_an_edit(
     assert code == 1, out
     assert out.count("\n") == 1, out
     assert out.startswith("error: audit chain broken"), out
+
+
+async def test_verify_while_replicas_append_reports_nothing_broken(
+    runtime: Runtime, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers on two engines (as two replicas) append while ``verify_chain`` walks in small
+    batches: events committed after the heads were read are left for the next check, never
+    reported as added, deleted or edited."""
+    from signoff.app.db import create_engine, sessionmaker
+
+    other = create_engine(db_url)
+    engines = [runtime.sessions, sessionmaker(other)]
+    stop = asyncio.Event()
+
+    async def writer(i: int) -> int:
+        n = 0
+        while not stop.is_set():
+            async with transaction(engines[i % 2]) as s:
+                await audit.append(s, audit.Action.TOOL_CALL, actor=Actor("agent", f"w{i}"), detail={"n": n})
+            n += 1
+            await asyncio.sleep(0)
+        return n
+
+    real_events = audit._events
+
+    async def small_batches(s: AsyncSession, batch: int = 1000) -> Any:
+        async for ev in real_events(s, 3):
+            yield ev
+
+    monkeypatch.setattr(audit, "_events", small_batches)
+    writers = [asyncio.create_task(writer(i)) for i in range(4)]
+    try:
+        for _ in range(15):
+            async with runtime.sessions() as s:
+                _, broken = await verify_chain(s)
+            assert broken is None, broken
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        written = sum(await asyncio.gather(*writers))
+        await other.dispose()
+    assert written > 0
+    async with runtime.sessions() as s:
+        assert await verify_chain(s) == (written, None)
