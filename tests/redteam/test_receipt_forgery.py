@@ -199,3 +199,54 @@ async def test_a_pack_forged_with_its_own_key_says_whose_keys_vouched(
     refused = await asyncio.to_thread(signoff, "receipts", "verify", str(pack), "--keys", str(keys), env=env)
     assert refused.returncode == 1
     assert "not among the published keys" in refused.stderr
+
+
+def _confused(receipt: dict[str, Any], keys: dict[str, Any], how: str) -> tuple[dict[str, Any], Any]:
+    """The receipt and keys rewritten for one algorithm-confusion attempt."""
+    (key,) = [k for k in keys["keys"] if k["kid"] == receipt["key_id"]]
+    if how == "alg none":
+        return {**receipt, "signature": ""}, keys
+    if how == "alg in the receipt":
+        return {**receipt, "alg": "none"}, keys
+    if how == "HS256 with the public key":
+        import base64
+        import hashlib
+        import hmac
+
+        from signoff.hooks.receipts import canonical_bytes
+
+        secret = base64.urlsafe_b64decode(key["x"] + "==")
+        mac = hmac.new(secret, canonical_bytes(receipt["payload"]), hashlib.sha256).digest()
+        oct_key = {**key, "kty": "oct", "k": key["x"], "alg": "HS256"}
+        sig = base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+        return {**receipt, "signature": sig}, {"keys": [oct_key]}
+    if how == "another curve":
+        return receipt, {"keys": [{**key, "crv": "X25519"}]}
+    if how == "truncated signature":
+        return {**receipt, "signature": receipt["signature"][:43]}, keys
+    assert how == "expired key"
+    return receipt, {"keys": [{**key, "not_after": "2000-01-01T00:00:00+00:00"}]}
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "alg none",
+        "alg in the receipt",
+        "HS256 with the public key",
+        "another curve",
+        "truncated signature",
+        "expired key",
+    ],
+)
+async def test_algorithm_confusion_and_cut_signatures_are_refused(
+    http: httpx.AsyncClient, agent_key: str, how: str
+) -> None:
+    rid = await pending(http, agent_key, send(2500))
+    assert (await decide(http, rid)).status_code == 200
+    receipt = (await _record(http, agent_key, rid))["receipt"]
+    keys = await _keys(http)
+    verify_receipt(receipt, keys)
+    forged, their_keys = _confused(receipt, keys, how)
+    with pytest.raises(ReceiptInvalid):
+        verify_receipt(forged, their_keys)
