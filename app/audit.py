@@ -34,7 +34,8 @@ audit verify --anchor FILE``) finds each chain still holding the event the ancho
 its place; with the links verified, everything up to it is as it was. Events after the
 latest anchor have only the chains' own evidence. The event numbers (``seq``) come from the
 database as events are inserted: they order listings, but a transaction that commits late
-can add an event below a number already listed.
+can add an event below a number already listed; no hash covers them (a renumbering reorders
+listings and breaks nothing verified).
 """
 
 from __future__ import annotations
