@@ -9,7 +9,9 @@ approved call reported executed (``kind: "execution"``)::
 key among those Signoff publishes at ``GET /v1/receipts/keys``
 (``{"keys": [{"kid", "kty": "OKP", "crv": "Ed25519", "x", ...}]}``, ``x`` base64url without
 padding). A key carries ``not_before`` and, once rotated out, ``not_after``: a receipt issued
-outside that window is refused.
+outside that window is refused (its ``issued_at`` is signed by the key, so whoever holds an
+old private key can still date a receipt inside the window; keep the keys you trust rather
+than fetching them when verifying, see docs/receipts.md).
 
 The **action digest** names one call: the hex SHA-256 of the JCS serialization of
 ``{"agent", "tool", "arguments", "session", "policy_version"}`` (``session`` null when the call
