@@ -250,3 +250,26 @@ async def test_algorithm_confusion_and_cut_signatures_are_refused(
     forged, their_keys = _confused(receipt, keys, how)
     with pytest.raises(ReceiptInvalid):
         verify_receipt(forged, their_keys)
+
+
+async def test_a_receipt_respelt_verifies_as_the_same_receipt(
+    http: httpx.AsyncClient, agent_key: str, tmp_path: Path
+) -> None:
+    """The signature binds what the JSON says, not how it is spelt: keys in another order,
+    every character escaped, 1 written 1.0 still verify, and say the same (a change of what
+    it says, such as 1 to 2, does not)."""
+    rid = await pending(http, agent_key, send(2500))
+    assert (await decide(http, rid, verdict="reject")).status_code == 200
+    receipt = (await _record(http, agent_key, rid))["receipt"]
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(await _keys(http)))
+    payload = dict(reversed(list(receipt["payload"].items())))
+    text = json.dumps({"signature": receipt["signature"], "key_id": receipt["key_id"], "payload": payload})
+    text = text.replace('"version": 1', '"version": 1.0').replace('"rejected"', '"\\u0072ejected"')
+    assert '"version": 1.0' in text
+    assert "\\u0072ejected" in text
+    path = tmp_path / "respelt.json"
+    path.write_text(text)
+    assert main([str(path), "--keys", str(keys)]) == 0
+    path.write_text(text.replace('"version": 1.0', '"version": 2'))
+    assert main([str(path), "--keys", str(keys)]) == 1
