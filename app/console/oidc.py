@@ -64,11 +64,15 @@ ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES
 
 
 class SignInRefused(Exception):
-    """The sign-in cannot complete; ``reason`` says why, in one line for the sign-in page."""
+    """The sign-in cannot complete; ``reason`` says why, in one line for the sign-in page.
+    ``answered``: the refusal comes after the callback proved to be the answer to a sign-in
+    this browser started (its state cookie and ``state`` agree); a callback that is not (a
+    link from elsewhere) is refused without being taken for the provider's word."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, answered: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.answered = answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +309,23 @@ class OidcClients:
         """Check the provider's answer and return who signed in, and where to go next.
 
         Raises :class:`SignInRefused` for anything that does not hold (the state, the code,
-        the ID token's signature, issuer, audience, expiry or nonce)."""
+        the ID token's signature, issuer, audience, expiry or nonce). The state is checked
+        first: an ``error`` only counts as the provider's in the answer to this browser's own
+        sign-in."""
+        params = request.query_params
+        flow = self._flow(request.cookies.get(FLOW_COOKIE))
+        state, code = params.get("state") or "", params.get("code") or ""
+        if not hmac.compare_digest(state.encode(), flow["state"].encode()):
+            raise SignInRefused("This sign-in's state does not match the one it started with; sign in again")
+        try:
+            return await self._finish(oidc, request, flow, code)
+        except SignInRefused as exc:
+            exc.answered = True  # the answer to this browser's own sign-in
+            raise
+
+    async def _finish(
+        self, oidc: OidcConfig, request: Request, flow: dict[str, str], code: str
+    ) -> tuple[Claims, str]:
         from authlib.integrations.base_client import OAuthError
         from joserfc.errors import JoseError
 
@@ -313,10 +333,6 @@ class OidcClients:
         if params.get("error"):
             text = (params.get("error_description") or params["error"])[:300]
             raise SignInRefused(f"The identity provider refused the sign-in: {text}")
-        flow = self._flow(request.cookies.get(FLOW_COOKIE))
-        state, code = params.get("state") or "", params.get("code") or ""
-        if not hmac.compare_digest(state.encode(), flow["state"].encode()):
-            raise SignInRefused("This sign-in's state does not match the one it started with; sign in again")
         if not code:
             raise SignInRefused("The identity provider sent no authorization code; sign in again")
         metadata = await self._metadata(oidc)

@@ -230,8 +230,9 @@ async def oidc_callback(request: Request, runtime: RuntimeDep, db: SessionDep) -
         claims, next_url = await clients.finish(settings, request)
     except oidc.SignInRefused as exc:
         log.warning("console: OIDC sign-in from %s refused: %s", client_address(request), exc.reason)
-        if anonymous.operator is not None:
-            # A sign-in the provider no longer confirms (a disabled account): it ends here.
+        if exc.answered and anonymous.operator is not None:
+            # A sign-in the provider no longer confirms (a disabled account): it ends here. Not
+            # for a callback this browser did not start: a link from elsewhere signs nobody out.
             await auth.end_session(db, anonymous, operator=anonymous.operator)
             anonymous = ConsoleSession.start(keys.max_age)
         response = _login_page(
