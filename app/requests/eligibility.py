@@ -379,12 +379,27 @@ def _refused(
     gate: GateSnapshot, channel: str, elapsed: float | None, voter: Voter, config: SignoffConfig
 ) -> str | None:
     own = gate if gate.channel == channel else gate.model_copy(update={"channel": channel})
-    if not voter.operator and voter.channel not in own.channels_at(elapsed):
+    elsewhere = voter.channel not in own.channels_at(elapsed)
+    if elsewhere and not voter.operator:
         return NOT_HERE
     approvers = own.approvers_at(elapsed)
-    if approvers and not _is_approver(approvers, voter, config):
+    if not approvers:
+        # Open to whoever sees its card: in its channel, or an operator of the configuration.
+        return NOT_HERE if elsewhere and not _configured_operator(voter, config) else None
+    if not _is_approver(approvers, voter, config):
         return NOT_AN_APPROVER
     return None
+
+
+def _configured_operator(voter: Voter, config: SignoffConfig) -> bool:
+    """Whether ``voter`` (an operator) is one the configuration names: by their name (operator
+    API, command line, a password sign-in), or, signed in through the identity provider, as
+    the person an entry under ``operators`` has. Any other account the provider signs in
+    decides a gate of another channel only as one of its listed approvers."""
+    if _subject(voter.identity) is None:
+        return True
+    person = voter.person
+    return person is not None and any((o.person or n) == person for n, o in config.operators.items())
 
 
 def gate_refusal(
