@@ -634,6 +634,9 @@ class Identity:
     """Each approver is sent a message of their own, at their id of this channel type (an
     ntfy topic): a gate on it must list its approvers, each a person of the directory with
     an id of this type (no raw ids: a misspelt name would be an id anyone could take)."""
+    secret_ids: bool = False
+    """An id of this channel type is a credential (an ntfy topic: whoever knows it may read
+    its person's notifications): the console's configuration page never shows one."""
 
     @property
     def one_by_one(self) -> bool:

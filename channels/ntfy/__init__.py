@@ -48,9 +48,10 @@ __all__ = [
 TOPIC = re.compile(r"^[-_A-Za-z0-9]{1,64}$")
 """What ntfy accepts as a topic name (its server's ``topicRegex``)."""
 
-IDENTITY = Identity(user_id=TOPIC, personal=True, assurance=Assurance.NTFY_LINK)
+IDENTITY = Identity(user_id=TOPIC, personal=True, assurance=Assurance.NTFY_LINK, secret_ids=True)
 """People are reached at their own topic (``ntfy: <topic>`` in ``people``), which is also
-their id on this channel type: every approver of an ntfy gate is a person with one."""
+their id on this channel type: every approver of an ntfy gate is a person with one. A topic
+is a secret (it reads its person's notifications)."""
 
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
