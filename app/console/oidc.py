@@ -398,17 +398,25 @@ def _claims(oidc: OidcConfig, values: Mapping[str, Any], groups: list[str]) -> C
             f"The identity provider did not say {oidc.username_claim!r} for this account; ask for the "
             "claim's scope in console.oidc.scopes, or set console.oidc.username_claim"
         )
-    verified = values.get("email_verified")
     return Claims(
         checked=time.time(),
         issuer=str(values["iss"]),
         subject=str(values["sub"]),
         username=username,
         email=_text(values.get("email")),
-        email_verified=verified if isinstance(verified, bool) else None,
+        email_verified=_verified(values.get("email_verified")),
         name=_text(values.get("name")),
         groups=tuple(groups),
     )
+
+
+def _verified(value: object) -> bool | None:
+    """``email_verified`` as the provider said it: None when it did not say; True only for
+    ``true`` (or the string ``"true"``, as some providers' userinfo spells it); anything else
+    said (``"false"``, ``0``, …) is False."""
+    if value is None or isinstance(value, bool):
+        return value
+    return isinstance(value, str) and value.strip().lower() == "true"
 
 
 def keep_groups(claims: Claims, config: SignoffConfig) -> Claims:
