@@ -230,9 +230,10 @@ async def oidc_callback(request: Request, runtime: RuntimeDep, db: SessionDep) -
         claims, next_url = await clients.finish(settings, request)
     except oidc.SignInRefused as exc:
         log.warning("console: OIDC sign-in from %s refused: %s", client_address(request), exc.reason)
-        if exc.answered and anonymous.operator is not None:
+        if exc.answered and anonymous.operator is not None and anonymous.person is not None:
             # A sign-in the provider no longer confirms (a disabled account): it ends here. Not
-            # for a callback this browser did not start: a link from elsewhere signs nobody out.
+            # for a callback this browser did not start (a link from elsewhere signs nobody
+            # out), nor for an operator's password, on which the provider has no word.
             await auth.end_session(db, anonymous, operator=anonymous.operator)
             anonymous = ConsoleSession.start(keys.max_age)
         response = _login_page(

@@ -56,3 +56,19 @@ async def test_a_callback_this_browser_did_not_start_signs_no_oidc_session_out(
     await console.client.get(url)
     console.client.cookies.set("signoff_session", str(copied), path="/ui")
     assert await _who(console) == "Dana", f"{url} ended Dana's session"
+
+
+@pytest.mark.parametrize("start", ["/ui/login/oidc?recheck=1", "/ui/login/oidc"])
+async def test_a_provider_refusing_a_sign_in_started_elsewhere_ends_no_password_session(
+    console: Console,  # noqa: F811
+    provider: FakeProvider,  # noqa: F811
+    start: str,
+) -> None:
+    """A page elsewhere can send the browser through a whole sign-in (start, provider, back);
+    with nobody signed in at the provider, it answers an error to this browser's own state.
+    That is the provider's word on a provider sign-in, and none on an operator's password."""
+    assert (await console.sign_in("alice")).status_code == 303
+    provider.account = None
+    refused = await console.client.get(start, follow_redirects=True)
+    assert refused.status_code == 401, refused.text
+    assert await _who(console) == "Alice"
