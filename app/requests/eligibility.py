@@ -14,7 +14,9 @@ ways, and never to the voter's advantage:
 
 - a click counts only from the **channel** its card was posted to (the channel's
   conversation is checked by :class:`signoff.app.requests.clicks.ClickService`); operators,
-  authenticated, decide wherever the card went;
+  authenticated, decide wherever the card went (someone signed in through the identity
+  provider whom no operator entry names: as a listed approver only, never on a gate open to
+  whoever sees its card elsewhere);
 - a gate's **escalations** widen it once their time has come (by the server's clock at
   the vote, from the request's creation): their channel's card counts, and their
   approvers may decide, on that card or the gate's own; before then a click from one of
