@@ -697,7 +697,7 @@ def _decide(
             sys.stderr.write(
                 f"note: request {request_id} was gated under configuration {gated}; "
                 f"{settings.config} is {config.version}. Who may decide it is the request's own "
-                f"gates' (as of {gated}), whatever the file says now\n"
+                f"gates' (as of {gated}), and an approval must suit the file's gates too\n"
             )
         if as_ is None or not as_.strip():
             listed = dict.fromkeys(a for g in gates_of(req) for a in g.approvers)

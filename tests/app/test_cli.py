@@ -813,19 +813,23 @@ def test_a_decision_under_another_configuration_version_says_so_and_uses_the_req
     assert "note:" not in same.stderr
 
     changed = copy.deepcopy(DEFAULT_CONFIG)
-    changed["agents"]["finance-bot"]["hooks"][0]["approvers"] = ["carol"]
+    changed["agents"]["finance-bot"]["hooks"][0]["approvers"] = ["bob", "carol"]
     cli.config_file.write_text(yaml.safe_dump(changed, sort_keys=False), encoding="utf-8")
     gated = cli.config.version
     now = parse_config(changed, source=str(cli.config_file)).version
     note = (
         f"note: request {rid} was gated under configuration {gated}; {cli.config_file} is {now}. "
-        f"Who may decide it is the request's own gates' (as of {gated}), whatever the file says now\n"
+        f"Who may decide it is the request's own gates' (as of {gated}), and an approval must suit "
+        "the file's gates too\n"
     )
     carol = cli("requests", "approve", rid, "--as", "carol")
     assert carol.returncode == 1, "carol is an approver in the file, not of this request"
     assert carol.stderr.startswith(note)
-    assert cli.row(rid).status == "pending"
     alice = cli("requests", "approve", rid, "--as", "alice")
-    assert alice.returncode == 0, alice.stderr
-    assert alice.stderr == note
+    assert alice.returncode == 1, "alice was asked, and the file no longer lists her"
+    assert alice.stderr.startswith(note)
+    assert cli.row(rid).status == "pending"
+    bob = cli("requests", "approve", rid, "--as", "bob")
+    assert bob.returncode == 0, bob.stderr
+    assert bob.stderr == note
     assert cli.row(rid).status == "approved"

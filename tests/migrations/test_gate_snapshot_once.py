@@ -25,7 +25,7 @@ from signoff.app.db import create_engine, downgrade, migrate, transaction
 from signoff.app.keys import create_key
 from signoff.app.models import utcnow
 from signoff.app.requests.canonical import call_digest
-from signoff.app.requests.intake import _snapshot
+from signoff.app.requests.eligibility import recorded
 from signoff.app.runtime import Runtime
 from signoff.app.settings import Settings
 from tests.conftest import ADMIN_TOKEN, PG_URL, Server, _drop_pg_database, _ensure_pg_database
@@ -60,7 +60,7 @@ async def _write_as_0011(url: str, config: SignoffConfig, ids: tuple[str, str]) 
     """Two pending two-person requests as 0011's servers wrote them, the first with Alice's
     vote; returns the first gate's snapshot as 0011 stored it."""
     gate = dict(config.confirmation_gates("finance-bot"))["two-person"]
-    stored = _snapshot("two-person", gate, config).model_dump(mode="json", exclude={"config_version"})
+    stored = recorded("two-person", gate, config)[0].model_dump(mode="json", exclude={"config_version"})
     first = {**stored, "config_version": config.version}
     before_several = {k: stored[k] for k in ("name", "approvers", "quorum", "require_reject_reason")}
     now = utcnow()
