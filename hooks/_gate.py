@@ -883,7 +883,8 @@ def _submitting(
     """Send the call until Signoff answers it (final or pending) or ``end`` passes, retrying
     with backoff (the same idempotency key, so never a second request): the answer (None when
     the time ran out), the arguments Signoff's hooks rewrote, the last transport failure and
-    the last HTTP error."""
+    the last HTTP error (an attempt the deadline cut short timing out does not hide what an
+    earlier one met)."""
     attempt = 0
     last_failure: TransportFailure | None = None
     last_http = ""
@@ -891,15 +892,21 @@ def _submitting(
         remaining = end - clock()
         if remaining <= 0:
             return None, None, last_failure, last_http
+        cut_short = remaining < SUBMIT_TIMEOUT
         reply = yield HttpCall("POST", _SUBMIT_PATH, min(SUBMIT_TIMEOUT, remaining), body=body)
         assert reply is not None
         verdict, modified = interpret_submit(reply)
         if isinstance(verdict, _Final | _Pending):
             return verdict, modified, last_failure, last_http
         attempt += 1
-        last_failure, last_http = (
-            (reply, "") if isinstance(reply, TransportFailure) else (None, verdict.error)
-        )
+        if isinstance(reply, TransportFailure) and reply.kind == "timeout" and cut_short:
+            # The deadline cut this attempt short: what an earlier one met says more.
+            if last_failure is None and not last_http:
+                last_failure = reply
+        else:
+            last_failure, last_http = (
+                (reply, "") if isinstance(reply, TransportFailure) else (None, verdict.error)
+            )
         yield Pause(min(_backoff(settings, attempt, verdict.after), max(0.0, end - clock())))
 
 

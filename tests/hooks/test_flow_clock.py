@@ -149,3 +149,34 @@ def test_an_approval_is_confirmed_within_the_deadline_or_denied_by_it(
         assert confirmed, "allowed without Signoff's answer to the call sent again"
     else:
         assert decision.failure is GateFailure.TIMEOUT, decision
+
+
+@given(refusals=st.integers(min_value=1, max_value=5))
+def test_a_last_attempt_cut_short_by_the_deadline_does_not_hide_a_refused_connection(refusals: int) -> None:
+    """On a loaded machine the connection refused again and again may end in an attempt the
+    deadline cut short timing out: the deny still says the connection was refused."""
+    clock = VirtualClock()
+    flow = gate_flow(
+        ToolCall.build("pay_invoice", {}, runtime="python"),
+        FlowSettings(deadline=0.5, submit_deadline=0.5, backoff_initial=0.01, backoff_max=0.02),
+        clock,
+        url="http://127.0.0.1:1",
+    )
+    step = next(flow)
+    refused = 0
+    try:
+        while True:
+            if isinstance(step, Pause):
+                clock.now += step.seconds
+                step = flow.send(None)
+                continue
+            if refused < refusals:
+                refused += 1
+                step = flow.send(TransportFailure("ConnectError: refused", "refused"))
+                continue
+            clock.now += step.timeout  # times out at the end of what was left
+            step = flow.send(TransportFailure("ConnectTimeout", "timeout"))
+    except StopIteration as stop:
+        decision = stop.value
+    assert decision.failure is GateFailure.UNAVAILABLE
+    assert "refused the connection" in (decision.reason or ""), decision.reason
