@@ -272,6 +272,11 @@ class OidcConfig(BaseModel):
     recheck_seconds: int = Field(default=600, ge=1, le=86400)
     """How long a sign-in counts before the provider is asked again, without a prompt
     (``prompt=none``): an account disabled there is signed out at its next request after that."""
+    trust_unverified_email: bool = False
+    """With ``username_claim: email``: map a person by an email the provider did not say it
+    verified (one that never sends ``email_verified``, such as Microsoft Entra ID). Then
+    whoever can put that email on an account at the provider signs in as that person: give
+    people their ``oidc:`` subject instead where you can. Off: only a verified email maps."""
 
     @field_validator("issuer")
     @classmethod

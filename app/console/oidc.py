@@ -142,7 +142,8 @@ def _named_groups(config: SignoffConfig) -> set[str]:
 
 def person_of(claims: Claims, config: SignoffConfig) -> str | None:
     """The directory key of whoever signed in: a person whose ``oidc`` id is the provider's
-    subject; else, by ``username_claim``, a person with that (verified) email, or for any other
+    subject; else, by ``username_claim``, a person with that email (verified, or not said to be
+    with ``trust_unverified_email``), or for any other
     claim a person with that key or email. Never by a channel id (a username the person may
     choose must not claim someone's Slack id)."""
     oidc = config.console.oidc
@@ -153,7 +154,7 @@ def person_of(claims: Claims, config: SignoffConfig) -> str | None:
         return None
     wanted = identity_key(claims.username)
     if oidc.username_claim == "email":
-        if claims.email_verified is False:
+        if not (claims.email_verified or (claims.email_verified is None and oidc.trust_unverified_email)):
             return None
         return next(
             (k for k, p in config.people.items() if p.email and identity_key(p.email) == wanted), None

@@ -50,7 +50,8 @@ class Account:
     email: str
     name: str = ""
     groups: list[str] = field(default_factory=list)
-    email_verified: bool = True
+    email_verified: bool | None = True
+    """None: the provider never says (Microsoft Entra ID)."""
 
 
 @dataclass
@@ -213,9 +214,10 @@ class FakeProvider:
             "iat": now,
             "exp": now + 300,
             "email": account.email,
-            "email_verified": account.email_verified,
             "name": account.name,
         }
+        if account.email_verified is not None:
+            claims["email_verified"] = account.email_verified
         if nonce is not None:
             claims["nonce"] = nonce
         if self.groups_in_id_token:
@@ -235,8 +237,8 @@ class FakeProvider:
             {
                 "sub": account.subject,
                 "email": account.email,
-                "email_verified": account.email_verified,
                 "name": account.name,
                 "groups": account.groups,
+                **({} if account.email_verified is None else {"email_verified": account.email_verified}),
             }
         )
