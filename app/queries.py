@@ -4,7 +4,7 @@ its trail, the audit log and its verification, the configuration with secrets ma
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -16,11 +16,12 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from sqlmodel.sql.expression import SelectOfScalar
 
 from signoff.app.audit import verify_chain
+from signoff.app.channel_types import identity_of
 from signoff.app.config import SignoffConfig
 from signoff.app.deliveries import WEBHOOK
-from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, OutboxStatus, Status
+from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, OutboxStatus, Status, Vote
 from signoff.app.redaction import redact
-from signoff.app.requests.eligibility import gates_of
+from signoff.app.requests.eligibility import gates_of, shown_ids
 from signoff.app.requests.grants import grants_by_request
 from signoff.app.requests.states import get_request, held
 from signoff.app.requests.tally import votes_for, votes_of_requests
@@ -40,10 +41,13 @@ __all__ = [
     "list_requests",
     "masked",
     "masked_channels",
+    "masked_ids",
     "readable",
     "request_out",
     "request_outs",
     "request_trail",
+    "shown_events",
+    "shown_votes",
     "verify_audit",
 ]
 
@@ -185,10 +189,37 @@ async def iter_requests(
         last = (rows[-1].created_at, rows[-1].id)
 
 
+def shown_votes(votes: Sequence[Vote]) -> list[Vote]:
+    """``votes`` as the console shows them: a secret channel id (an ntfy topic) replaced by
+    its voter's directory key (:func:`~signoff.app.requests.eligibility.shown_ids`); copies,
+    never the rows themselves."""
+    shown = shown_ids(votes)
+    return [
+        Vote(**{**v.model_dump(), "user_id": shown[v.user_id]}) if v.user_id in shown else v for v in votes
+    ]
+
+
+async def shown_events(session: AsyncSession, events: Sequence[AuditEvent]) -> list[AuditEvent]:
+    """``events`` as the console, the operator API and the command line show them: an actor
+    whose channel id is a secret of theirs (an ntfy topic) named by their directory key
+    (:func:`~signoff.app.requests.eligibility.shown_ids`, from the votes of the events'
+    requests and what each event recorded); copies, never the rows (whose hashes cover the
+    ids as they are)."""
+    asked = {e.request_id for e in events if e.request_id and e.actor_id}
+    votes = (
+        [v for found in (await votes_of_requests(session, asked)).values() for v in found] if asked else []
+    )
+    shown = shown_ids(votes, events)
+    return [
+        AuditEvent(**{**e.model_dump(), "actor_id": shown[e.actor_id]}) if e.actor_id in shown else e
+        for e in events
+    ]
+
+
 async def request_trail(session: AsyncSession, request_id: str) -> list[AuditEvent]:
-    """The audit events about one request, in order."""
+    """The audit events about one request, in order, as they are shown (:func:`shown_events`)."""
     stmt = select(AuditEvent).where(col(AuditEvent.request_id) == request_id).order_by(col(AuditEvent.seq))
-    return list((await session.exec(stmt)).all())
+    return await shown_events(session, list((await session.exec(stmt)).all()))
 
 
 async def deliveries_for(session: AsyncSession, request_id: str) -> list[Delivery]:
@@ -224,11 +255,12 @@ async def admin_view_of(session: AsyncSession, req: ConfirmationRequest) -> Admi
 async def audit_events(
     session: AsyncSession, *, request_id: str | None = None, after: int = 0, limit: int = 200
 ) -> list[AuditEvent]:
-    """Audit events in order, from ``after`` (a sequence number)."""
+    """Audit events in order, from ``after`` (a sequence number), as they are shown
+    (:func:`shown_events`)."""
     stmt = select(AuditEvent).where(col(AuditEvent.seq) > after).order_by(col(AuditEvent.seq)).limit(limit)
     if request_id is not None:
         stmt = stmt.where(col(AuditEvent.request_id) == request_id)
-    return list((await session.exec(stmt)).all())
+    return await shown_events(session, list((await session.exec(stmt)).all()))
 
 
 async def audit_page(
@@ -239,7 +271,8 @@ async def audit_page(
     request_id: str | None = None,
     limit: int = 50,
 ) -> list[AuditEvent]:
-    """Audit events newest first, older than ``before`` (a sequence number)."""
+    """Audit events newest first, older than ``before`` (a sequence number), as they are shown
+    (:func:`shown_events`)."""
     stmt = select(AuditEvent).order_by(col(AuditEvent.seq).desc()).limit(limit)
     if before is not None:
         stmt = stmt.where(col(AuditEvent.seq) < before)
@@ -247,7 +280,7 @@ async def audit_page(
         stmt = stmt.where(col(AuditEvent.action) == action)
     if request_id:
         stmt = stmt.where(col(AuditEvent.request_id) == request_id)
-    return list((await session.exec(stmt)).all())
+    return await shown_events(session, list((await session.exec(stmt)).all()))
 
 
 async def verify_audit(session: AsyncSession) -> AuditVerifyOut:
@@ -269,6 +302,12 @@ def masked(value: Any) -> Any:
     return value
 
 
+def masked_ids(ids: Mapping[str, Any]) -> dict[str, Any]:
+    """A person's entry (their ids by channel type among its fields) with each id that is a
+    secret masked: a channel type whose ``Identity.secret_ids`` says so (an ntfy topic)."""
+    return {t: "********" if identity_of(t).secret_ids else i for t, i in ids.items()}
+
+
 def masked_channels(config: SignoffConfig) -> dict[str, dict[str, Any]]:
     """Each channel's settings as loaded, secrets masked."""
     return {n: masked(cast(BaseModel, c).model_dump()) for n, c in config.channels.items()}
@@ -283,11 +322,12 @@ def masked_webhooks(config: SignoffConfig) -> dict[str, dict[str, Any]]:
 
 
 def config_view(config: SignoffConfig) -> dict[str, Any]:
-    """The configuration as loaded, secrets masked (operators' password hashes left out)."""
+    """The configuration as loaded, secrets masked (people's secret ids among them; operators'
+    password hashes left out)."""
     return {
         "source": config.source,
         "channels": masked_channels(config),
-        "people": {k: p.model_dump(exclude_none=True) for k, p in config.people.items()},
+        "people": {k: masked_ids(p.model_dump(exclude_none=True)) for k, p in config.people.items()},
         "agents": {a: c.model_dump(mode="json") for a, c in config.agents.items()},
         "redact": sorted(config.redact),
         "webhooks": masked_webhooks(config),

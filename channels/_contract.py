@@ -636,7 +636,10 @@ class Identity:
     an id of this type (no raw ids: a misspelt name would be an id anyone could take)."""
     secret_ids: bool = False
     """An id of this channel type is a credential (an ntfy topic: whoever knows it may read
-    its person's notifications): the console's configuration page never shows one."""
+    its person's notifications): only the database holds one. The configuration page masks
+    it, and votes and audit events name its person by their directory key instead wherever
+    they are shown (agents, receipts, the console, the operator API, the command line); the
+    vote's :attr:`assurance` marks such a vote for good."""
 
     @property
     def one_by_one(self) -> bool:

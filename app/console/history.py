@@ -204,7 +204,8 @@ async def _csv_rows(
     approvals, now = await approvals_by_gate(session, (r.id for r in batch)), utcnow()
     votes = await votes_of_requests(session, [r.id for r in batch])
     return queries.readable(
-        batch, lambda r: _csv_row(row_of(r, approvals, config, now), r, votes.get(r.id, []))
+        batch,
+        lambda r: _csv_row(row_of(r, approvals, config, now), r, queries.shown_votes(votes.get(r.id, []))),
     )
 
 

@@ -15,7 +15,7 @@ from signoff.app import queries
 from signoff.app.audit import Action
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
-from signoff.app.channel_types import identity_of, is_chat
+from signoff.app.channel_types import is_chat
 from signoff.app.config import SignoffConfig
 from signoff.app.console.format import duration, summarize, time_left
 from signoff.app.models import AuditEvent, ConfirmationRequest, Delivery, Grant, Status, Vote, utcnow
@@ -387,7 +387,7 @@ async def request_view(
         req=req,
         row=row,
         gates=gate_views(req, row, config),
-        votes=votes,
+        votes=queries.shown_votes(votes),
         refused=[e for e in trail if e.action == Action.VOTE_REFUSED],
         trail=trail,
         deliveries=await queries.deliveries_for(session, request_id),
@@ -450,17 +450,12 @@ class ConfigView:
     """Each switch a ``readonly_guard`` watches, with the agents whose guards watch it."""
 
 
-def _shown_ids(ids: dict[str, str]) -> dict[str, str]:
-    """A person's ids by channel type, those that are secrets (ntfy topics) masked."""
-    return {t: "********" if identity_of(t).secret_ids else i for t, i in ids.items()}
-
-
 def config_view(config: SignoffConfig) -> ConfigView:
     """The configuration as loaded; secrets masked the way the operator API masks them."""
     return ConfigView(
         source=config.source,
         channels=queries.masked_channels(config),
-        people=[(k, p.name, p.email, _shown_ids(p.ids())) for k, p in config.people.items()],
+        people=[(k, p.name, p.email, queries.masked_ids(p.ids())) for k, p in config.people.items()],
         operators=[(name, op.person or name) for name, op in config.operators.items()],
         agents={a: [h for h in c.hooks if isinstance(h, ConfirmationGate)] for a, c in config.agents.items()},
         agent_redact={a: c.redact for a, c in config.agents.items() if c.redact},

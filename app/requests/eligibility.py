@@ -50,9 +50,9 @@ from pydantic import BaseModel, ConfigDict
 
 from signoff.app.audit import Actor
 from signoff.app.builtin_hooks.confirmation_gate import ConfirmationGate
-from signoff.app.channel_types import identity_of
+from signoff.app.channel_types import CHANNEL_TYPES, identity_of
 from signoff.app.config import SignoffConfig, identity_key
-from signoff.app.models import ConfirmationRequest, Vote
+from signoff.app.models import AuditEvent, ConfirmationRequest, Vote
 from signoff.channels import Assurance, GrantChoice, below
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "GROUP_PREFIX",
     "NOT_AN_APPROVER",
     "NOT_HERE",
+    "NOT_SHOWN",
     "OWN_CALL",
     "EscalationStep",
     "GateSnapshot",
@@ -311,20 +312,35 @@ def same_voter(vote: Vote, voter: Voter, config: SignoffConfig) -> bool:
     return bool(_accounts(kind, voter.user_id, voter.identity) & _accounts(kind, vote.user_id, vote.identity))
 
 
-_SECRET_IDS = frozenset({Assurance.NTFY_LINK.value})
-"""Votes whose channel id is a secret of its person (an ntfy topic: who knows it reads their
-notifications, the signed Approve among them)."""
+_SECRET_IDS = frozenset(
+    kind.identity.assurance.value
+    for kind in CHANNEL_TYPES.values()
+    if kind.identity.secret_ids and kind.identity.assurance is not None
+)
+"""How votes whose channel id is a secret of its person are identified (a channel type whose
+:attr:`~signoff.channels.Identity.secret_ids` is set: an ntfy topic, whoever knows it reads
+their notifications, the signed Approve among them): what the vote recorded says so for good,
+whatever the configuration says of its channel since."""
+NOT_SHOWN = "(not shown)"
+"""What stands for a secret id whose person the directory did not know."""
 
 
-def shown_ids(votes: Iterable[Vote]) -> dict[str, str]:
-    """What the API and receipts show for each secret channel id among ``votes``: the voter's
-    directory key (never the topic itself, which the agent being gated could otherwise read and
-    approve its next call with)."""
-    return {
-        v.user_id: v.voter if ":" not in v.voter else "(not shown)"
-        for v in votes
-        if v.assurance in _SECRET_IDS
+def shown_ids(votes: Iterable[Vote], events: Iterable[AuditEvent] = ()) -> dict[str, str]:
+    """What everything outside the database shows for each secret channel id among ``votes``
+    and the audit ``events`` about them (their actors): the voter's directory key, or
+    :data:`NOT_SHOWN`. The agent API and receipts (an agent that read a topic could approve its
+    next call with it), the console, the operator API and the command line (everyone the console
+    signs in, through an identity provider any account of it) all name voters through this."""
+    shown = {
+        v.user_id: v.voter if ":" not in v.voter else NOT_SHOWN for v in votes if v.assurance in _SECRET_IDS
     }
+    for e in events:
+        if e.actor_id and e.actor_id not in shown and (e.detail or {}).get("assurance") in _SECRET_IDS:
+            person = (e.detail or {}).get("person")
+            shown[e.actor_id] = (
+                person if isinstance(person, str) and person and ":" not in person else NOT_SHOWN
+            )
+    return shown
 
 
 def _names(voter: Voter, config: SignoffConfig) -> tuple[set[str], set[str]]:

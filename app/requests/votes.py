@@ -363,6 +363,8 @@ def _vote_detail(
         identity["email"] = voter.email
     detail: dict[str, Any] = {"verdict": verdict.value, "reason": reason, "identity": identity}
     detail["assurance"] = voter.assurance.value if voter.assurance is not None else None
+    if voter.person:
+        detail["person"] = voter.person  # names the voter where their channel id is not shown
     if grant is not None:
         detail["grant"] = grant.as_dict()
     return detail
