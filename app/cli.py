@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # imported where used: `signoff --help` loads nothing of the 
 
     from signoff.app.audit import BrokenLink
     from signoff.app.config import ConfigError, SignoffConfig
-    from signoff.app.models import AgentKey, ConfirmationRequest, Grant
+    from signoff.app.models import AgentKey, ConfirmationRequest, Grant, PersonalToken
     from signoff.app.settings import Settings
     from signoff.channels import Verdict
 
@@ -51,6 +51,7 @@ audit_app = _group("The audit log.")
 hook_app = _group("Agent runtime hooks.")
 operators_app = _group("Console operators.")
 grants_app = _group("Grants: who may act without asking.")
+tokens_app = _group("Personal tokens: the command line deciding as the person who made one in the console.")
 receipts_app = _group("Signed receipts and their keys.")
 readonly_app = _group("The read-only switch that `readonly_guard` hooks watch.")
 for sub, name in [
@@ -63,6 +64,7 @@ for sub, name in [
     (hook_app, "hook"),
     (operators_app, "operators"),
     (grants_app, "grants"),
+    (tokens_app, "tokens"),
     (receipts_app, "receipts"),
 ]:
     app.add_typer(sub, name=name)
@@ -833,6 +835,48 @@ def grants_revoke(
     if not revoked:
         raise CliError(f"grant {grant_id} was already revoked (by {by})")
     typer.echo(f"revoked grant {grant_id}")
+
+
+@tokens_app.command("list")
+def tokens_list(
+    all_: Annotated[bool, typer.Option("--all", help="Revoked ones too.")] = False,
+    person: Annotated[str | None, typer.Option(help="Only this person's.")] = None,
+) -> None:
+    """One personal token per line, id first, newest first: those not revoked nor expired
+    unless --all (expired ones are forgotten). Never a token's text."""
+    from signoff.app import tokens
+
+    async def work(session: AsyncSession, settings: Settings) -> list[PersonalToken]:
+        return await tokens.list_tokens(session, person=person, live=not all_)
+
+    for t in _with_session(work):
+        used = f"{t.last_used_at:%Y-%m-%d %H:%M:%S}Z" if t.last_used_at else "never"
+        state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M} by {t.revoked_by}" if t.revoked_at else "active"
+        label = f"  label={t.label!r}" if t.label else ""
+        typer.echo(
+            f"{t.id}  {t.person}  as {t.operator}  made {t.created_at:%Y-%m-%d %H:%M:%S}Z  "
+            f"until {t.expires_at:%Y-%m-%d %H:%M:%S}Z  used {used}  {state}{label}"
+        )
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    token_id: Annotated[str, typer.Argument(help="The token id (see `signoff tokens list`).")],
+    as_: Annotated[str | None, typer.Option("--as", metavar="NAME", help="Operator name (audited).")] = None,
+) -> None:
+    """Revoke anyone's personal token: from then on, on every server, it decides nothing."""
+    from signoff.app import tokens
+
+    async def work(session: AsyncSession, settings: Settings) -> tuple[bool, bool, str | None]:
+        token, revoked = await tokens.revoke(session, token_id, actor=_cli_actor(as_))
+        return token is not None, revoked, token.revoked_by if token else None
+
+    exists, revoked, by = _with_session(work)
+    if not exists:
+        raise CliError(f"no token {token_id} (see `signoff tokens list --all`)")
+    if not revoked:
+        raise CliError(f"token {token_id} was already revoked (by {by})")
+    typer.echo(f"revoked token {token_id}")
 
 
 @audit_app.command("verify")

@@ -347,6 +347,30 @@ class AgentKey(SQLModel, table=True):
     revoked_at: datetime | None = _ts(default=None, nullable=True)
 
 
+class PersonalToken(SQLModel, table=True):
+    """A personal token for the command line, made in the console (:mod:`signoff.app.tokens`):
+    listed to whoever made it and to operators, revoked by its id. Its text is never stored;
+    the token carries the nonce whose SHA-256 starts with ``id`` (the ``token`` its audit
+    events name). A token with no row here decides nothing."""
+
+    __tablename__ = "personal_token"
+
+    id: str = Field(primary_key=True, max_length=16)
+    owner: str = Field(index=True, max_length=300)
+    """Whose it is: the operator signed in with a password (their name), or the identity
+    provider's account (``oidc:`` and a digest of its issuer and subject)."""
+    operator: str = Field(max_length=200)
+    """The name it was made signed in as."""
+    person: str = Field(index=True, max_length=300)
+    """Who it decides as (a directory key, else the key their votes are recorded under)."""
+    label: str | None = Field(default=None, max_length=100)
+    created_at: datetime = _ts(default_factory=utcnow)
+    expires_at: datetime = _ts(index=True)
+    last_used_at: datetime | None = _ts(default=None, nullable=True)
+    revoked_at: datetime | None = _ts(default=None, nullable=True)
+    revoked_by: str | None = Field(default=None, max_length=200)
+
+
 class ConsoleSessionRevocation(SQLModel, table=True):
     """A console sign-in ended by signing out: every replica refuses its cookie from then on.
 

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from signoff.app.bodies import storable
 from signoff.app.builtin_hooks.confirmation_gate import parse_duration
-from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, Status, Vote, utcnow
+from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, PersonalToken, Status, Vote, utcnow
 from signoff.app.requests.edits import argument_changes, editable_fields, executed_as_approved
 from signoff.app.requests.eligibility import GateSnapshot, gates_of, shown_ids
 from signoff.app.requests.single_use import valid_for
@@ -170,6 +170,40 @@ class GrantOut(BaseModel):
             uses=g.uses,
             last_used_at=g.last_used_at,
             active=g.revoked_at is None and g.expires_at > now,
+        )
+
+
+class TokenOut(BaseModel):
+    """A personal token for the command line: whose, when made, until when, when last used
+    (never its text)."""
+
+    id: str
+    person: str
+    """Who it decides as."""
+    operator: str
+    """The name it was made signed in as."""
+    label: str | None
+    created_at: datetime
+    expires_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+    revoked_by: str | None
+    active: bool
+    """Not revoked and not expired: it decides as its person."""
+
+    @classmethod
+    def of(cls, t: PersonalToken, now: datetime) -> TokenOut:
+        return cls(
+            id=t.id,
+            person=t.person,
+            operator=t.operator,
+            label=t.label,
+            created_at=t.created_at,
+            expires_at=t.expires_at,
+            last_used_at=t.last_used_at,
+            revoked_at=t.revoked_at,
+            revoked_by=t.revoked_by,
+            active=t.revoked_at is None and t.expires_at > now,
         )
 
 

@@ -59,6 +59,9 @@ def _json(column: str, empty: str = "null") -> str:
 
 
 DROPS: dict[str, tuple[Drop, ...]] = {
+    # Personal tokens: below 0017 a token is its signed text alone, so one revoked here would
+    # decide again; a database holding any is not downgraded.
+    "0017": (Drop("personal_token"),),
     # Votes of pending requests re-keyed under the provider's subject (nothing dropped).
     "0016": (),
     # The events are linked into one chain again before their chains' columns go.

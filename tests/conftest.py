@@ -43,6 +43,7 @@ TABLES = [
     "switch",
     "rate_bucket",
     "console_session_revocation",
+    "personal_token",
     "replica",
     "receipt_key",
 ]

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import audit, queries
+from signoff.app import queries, tokens
 from signoff.app.audit import Action, Actor
-from signoff.app.bodies import without_unstorable
+from signoff.app.bodies import storable, without_unstorable
 from signoff.app.console import auth, oidc, pages
 from signoff.app.console.auth import CheckedFormDep, ConsoleSession, CsrfRefused, Flash, SignedInDep
 from signoff.app.console.decisions import decide_from_form
@@ -413,27 +412,49 @@ async def revoke_grant(
 TOKEN_DAYS = (1, 7, 30, 90)
 
 
-def _tokens_page(
-    request: Request, who: auth.SignedIn, *, token: str | None = None, until: datetime | None = None
+def _owner(who: auth.SignedIn) -> str:
+    return tokens.owner_of(who.session.operator or who.operator, who.session.person)
+
+
+async def _tokens_page(
+    request: Request,
+    who: auth.SignedIn,
+    session: AsyncSession,
+    *,
+    token: str | None = None,
+    until: datetime | None = None,
 ) -> Response:
-    context = {"who": who, "nav": "tokens", "token": token, "until": until, "flash": auth.read_flash(request)}
+    context = {
+        "who": who,
+        "nav": "tokens",
+        "token": token,
+        "until": until,
+        "tokens": await tokens.list_tokens(session, owner=_owner(who)),
+        "flash": auth.read_flash(request),
+    }
     response = page(request, "tokens.html", context)
     auth.forget_flash(request, response)
     return response
 
 
 @router.get("/tokens")
-async def show_tokens(request: Request, who: SignedInDep) -> Response:
-    return _tokens_page(request, who)
+async def show_tokens(request: Request, who: SignedInDep, session: ReadsDep) -> Response:
+    """The signed-in person's tokens (made, expires, last used; never their text)."""
+    return await _tokens_page(request, who, session)
 
 
 @router.post("/tokens")
 async def create_token(
     request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
 ) -> Response:
-    """A personal token carrying the signed-in identity (shown once; its creation audited)."""
+    """A personal token carrying the signed-in identity (shown once; recorded and its creation
+    audited)."""
     raw = form.get("days")
     days = int(raw) if isinstance(raw, str) and raw.isdigit() and int(raw) in TOKEN_DAYS else 30
+    label = form.get("label")
+    label = (
+        without_unstorable(" ".join(label.split()))[: tokens.LABEL_CHARS] if isinstance(label, str) else ""
+    )
     made = ConsoleSession.start(
         days * 86400,
         operator=who.session.operator,
@@ -441,42 +462,68 @@ async def create_token(
         person=who.session.person,
     )
     until = datetime.fromtimestamp(made.expires, UTC)
-    digest = hashlib.sha256(made.nonce.encode()).hexdigest()[:16]
-    await audit.append(
+    await tokens.create(
         session,
-        Action.TOKEN_CREATED,
+        nonce=made.nonce,
+        owner=_owner(who),
+        operator=who.operator,
+        person=who.person,
+        expires_at=until,
+        label=label,
         actor=Actor("web", who.operator, who.name),
-        detail={"token": digest, "expires_at": until.isoformat(), "person": who.person},
     )
-    return _tokens_page(request, who, token=auth.keys_of(request).encode_token(made), until=until)
+    await session.flush()
+    text = auth.keys_of(request).encode_token(made)
+    return await _tokens_page(request, who, session, token=text, until=until)
+
+
+def _revoked(request: Request, flash: Flash) -> Response:
+    response = _see_other("/ui/tokens")
+    auth.set_flash(response, request, flash)
+    return response
 
 
 @router.post("/tokens/revoke")
 async def revoke_token(
     request: Request, who: SignedInDep, form: CheckedFormDep, session: SessionDep
 ) -> Response:
+    """Revoke a token of one's own given its text."""
     raw = form.get("token")
     found = auth.keys_of(request).decode_token(raw.strip() if isinstance(raw, str) else None)
-
-    def subject(person: Mapping[str, object] | None) -> object:
-        return (person or {}).get("subject")
-
-    mine = found is not None and found.operator == who.session.operator
-    if found is None or not mine or subject(found.person) != subject(who.session.person):
-        flash = Flash(False, "That is not a live token of yours (expired, mistyped, or someone else's).")
-    else:
-        await auth.end_session(session, found, operator=who.operator)
-        digest = hashlib.sha256(found.nonce.encode()).hexdigest()[:16]
-        await audit.append(
-            session,
-            Action.TOKEN_REVOKED,
-            actor=Actor("web", who.operator, who.name),
-            detail={"token": digest},
+    row, revoked = None, False
+    if found is not None and tokens.owner_of(found.operator or "", found.person) == _owner(who):
+        actor = Actor("web", who.operator, who.name)
+        row, revoked = await tokens.revoke(
+            session, tokens.token_id(found.nonce), actor=actor, owner=_owner(who)
         )
-        flash = Flash(True, "The token is revoked: the command line can no longer decide with it.")
-    response = _see_other("/ui/tokens")
-    auth.set_flash(response, request, flash)
-    return response
+    if row is None or not revoked:
+        return _revoked(
+            request, Flash(False, "That is not a live token of yours (expired, mistyped, or someone else's).")
+        )
+    return _revoked(request, Flash(True, _REVOKED))
+
+
+_REVOKED = "The token is revoked: the command line can no longer decide with it."
+
+
+@router.post("/tokens/{token_id}/revoke")
+async def revoke_token_by_id(
+    token_id: Annotated[str, Path(max_length=64)],
+    request: Request,
+    who: SignedInDep,
+    form: CheckedFormDep,
+    session: SessionDep,
+) -> Response:
+    """Revoke one of one's own tokens by its id, as the tokens page lists it (audited)."""
+    row, revoked = None, False
+    if storable(token_id):
+        actor = Actor("web", who.operator, who.name)
+        row, revoked = await tokens.revoke(session, token_id, actor=actor, owner=_owner(who))
+    if row is None:
+        return _revoked(request, Flash(False, f"You have no token {token_id!r}."))
+    if not revoked:
+        return _revoked(request, Flash(False, f"Token {token_id} was already revoked by {row.revoked_by}."))
+    return _revoked(request, Flash(True, _REVOKED))
 
 
 # --- webhooks ------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The operator API: the queue, one request with its trail, decisions, the audit log."""
+"""The operator API: the queue, one request with its trail, decisions, grants, personal tokens,
+the audit log."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from signoff.app import queries, switches
+from signoff.app import queries, switches, tokens
 from signoff.app.audit import Actor
 from signoff.app.bodies import storable
 from signoff.app.db import transaction
@@ -31,6 +32,7 @@ from signoff.app.schemas import (
     RequestOut,
     SwitchIn,
     SwitchOut,
+    TokenOut,
     Unprocessable,
 )
 
@@ -167,6 +169,45 @@ async def revoke_grant(
             status.HTTP_409_CONFLICT,
         )
     return GrantOut.of(grant, now)
+
+
+@router.get("/tokens", response_model=list[TokenOut], responses=ERRORS)
+async def list_tokens(
+    session: ReadsDep,
+    person: Annotated[str | None, Query(max_length=300)] = None,
+    active: bool | None = None,
+) -> list[TokenOut]:
+    """Personal tokens not yet expired, newest first: everyone's, or ``person``'s;
+    ``active=true``: only those not revoked (never a token's text)."""
+    if person is not None and not storable(person):
+        return []
+    now = utcnow()
+    return [TokenOut.of(t, now) for t in await tokens.list_tokens(session, person=person, live=bool(active))]
+
+
+@router.delete("/tokens/{token_id}", response_model=TokenOut, responses={**ERRORS, 409: {"model": Problem}})
+async def revoke_token(
+    token_id: Annotated[str, Path(max_length=64)],
+    session: SessionDep,
+    operator: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+) -> TokenOut | JSONResponse:
+    """Revoke anyone's personal token (audited): from then on, on every replica, it decides
+    nothing."""
+    if operator is not None and not storable(operator):
+        raise HTTPException(422, "operator must not contain NUL characters or lone surrogates")
+    if not storable(token_id):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token {token_id!r}")
+    actor = Actor("api", operator, operator) if operator else Actor("api", None, "operator API")
+    token, revoked = await tokens.revoke(session, token_id, actor=actor)
+    if token is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token {token_id!r}")
+    if not revoked:
+        when = token.revoked_at.strftime("%Y-%m-%d %H:%M:%S UTC") if token.revoked_at else "?"
+        return JSONResponse(
+            {"detail": f"token {token_id} was already revoked at {when} by {token.revoked_by}"},
+            status.HTTP_409_CONFLICT,
+        )
+    return TokenOut.of(token, utcnow())
 
 
 @router.get("/audit", response_model=list[AuditEventOut], responses=ERRORS)

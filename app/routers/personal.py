@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from signoff.app import queries
+from signoff.app import queries, tokens
 from signoff.app.console import auth
 from signoff.app.db import transaction
 from signoff.app.deps import Credentials, RuntimeDep
@@ -34,8 +34,9 @@ class PersonalDecisionIn(BaseModel):
 
 
 async def token_voter(request: Request, runtime: RuntimeDep, credentials: Credentials) -> Voter:
-    """Who the personal token decides as; 401 for none, a forged, expired or revoked one, or
-    one whose sign-in no longer holds."""
+    """Who the personal token decides as; 401 for none, a forged, expired or revoked one, one
+    the server has no row of, or one whose sign-in no longer holds. Each use is noted on the
+    token (its ``last used``)."""
 
     def refused(why: str) -> HTTPException:
         return HTTPException(status.HTTP_401_UNAUTHORIZED, why, headers={"WWW-Authenticate": "Bearer"})
@@ -53,6 +54,10 @@ async def token_voter(request: Request, runtime: RuntimeDep, credentials: Creden
         )
     if await auth.ended(runtime, found):
         raise refused(f"this personal token was revoked; {_MAKE_ONE}")
+    async with transaction(runtime.sessions) as session:
+        why = await tokens.use(session, found.nonce)
+    if why is not None:
+        raise refused(f"{why}; {_MAKE_ONE}")
     return voter
 
 

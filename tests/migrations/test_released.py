@@ -61,6 +61,9 @@ RELEASED = {
     "2026_12_07_1800-0016_votes_under_subject.py": (
         "cc5144954b332397f45cee1a0155c8b91abbc221fbf2ab47dcc15d725542e99f"
     ),
+    "2026_12_07_2300-0017_personal_tokens.py": (
+        "1dc46279bcd3f17b5970567ebcc4fa7c5858ae32afd419aa2436385d82a041cb"
+    ),
 }
 """Each released migration file and the SHA-256 of its bytes as released."""
 

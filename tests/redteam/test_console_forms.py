@@ -34,6 +34,7 @@ FORMS: list[tuple[str, dict[str, str]]] = [
     ("/ui/grants/{rid}/revoke", {}),
     ("/ui/tokens", {"days": "90"}),
     ("/ui/tokens/revoke", {"token": "sop_x"}),
+    ("/ui/tokens/{rid}/revoke", {}),
     ("/ui/switches/read_only", {"on": "1"}),
     ("/ui/logout", {}),
 ]
