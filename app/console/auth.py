@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -73,6 +74,10 @@ SESSION_COOKIE = "signoff_session"
 FLASH_COOKIE = "signoff_flash"
 COOKIE_PATH = "/ui"
 HOME = "/ui/"
+_SIGNED_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
+"""The characters of what :class:`Keys` signs (URL-safe base64 and dots). itsdangerous reads
+more: it skips bytes that are not ASCII and takes base64 padding in a signature, so that a
+session or a personal token would pass in many spellings; each has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,7 @@ class Keys:
         self, raw: str | None, *, serializer: URLSafeSerializer | None = None
     ) -> ConsoleSession | None:
         """The session in a cookie, or None if it is missing, forged or past its expiry."""
-        if not raw:
+        if not raw or not _SIGNED_TEXT.fullmatch(raw):
             return None
         try:
             data: Any = (serializer or self._sessions).loads(raw)
