@@ -154,6 +154,12 @@ async def test_of_two_authorization_headers_the_first_counts_on_every_route(worl
             second = await answers(http, world, kind, [(b"authorization", junk), (b"authorization", good)])
             assert set(first) == accepted(kind), (kind, first)
             assert set(second) == {401}, (kind, second)
+            empty_first = await answers(
+                http, world, kind, [(b"authorization", b""), (b"authorization", good)]
+            )
+            assert set(empty_first) == {401}, (kind, empty_first)
+            joined = await answers(http, world, kind, [(b"authorization", good + b", " + junk)])
+            assert set(joined) == {401}, (kind, joined)
     # And through the real server (uvicorn's parser keeps both headers).
     async with httpx.AsyncClient(base_url=world.server.url, timeout=30) as http:
         good = b"Bearer " + world.key_a.encode()

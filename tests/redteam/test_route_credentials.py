@@ -559,3 +559,29 @@ async def test_without_an_admin_token_the_operator_api_is_off_for_everyone(
                     assert await snapshot(world.runtime) == before, (route.path, name)
     finally:
         await runtime.aclose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://signoff:pw-0f9e8d7c@127.0.0.1:1/signoff",  # nothing listens
+        "postgresql://postgres:pw-0f9e8d7c@127.0.0.1:5432/no_such_database_4c1d",
+    ],
+)
+async def test_an_unavailable_database_is_named_to_anyone_without_its_password(
+    url: str, config: SignoffConfig
+) -> None:
+    """``/readyz`` and the agent API answer 503 naming why, to callers without any credential:
+    never with the database URL's password."""
+    down = Settings(database_url=url, session_secret=SESSION_SECRET)  # type: ignore[arg-type]
+    runtime = Runtime.create(down, config, channels={"chat": FakeChannel("chat")})
+    try:
+        async with InProcess(runtime) as app, app.client() as http:
+            for method, path in (("GET", "/readyz"), ("POST", "/v1/hooks/pre-tool-use")):
+                headers = bearer("sk_signoff_deadbeef_" + "x" * 43)
+                r = await http.request(method, path, json=PRE_BODY, headers=headers)
+                assert r.status_code == 503, (path, r.status_code, r.text)
+                assert "pw-0f9e8d7c" not in r.text, r.text
+                assert "pw-0f9e8d7c" not in str(r.headers)
+    finally:
+        await runtime.aclose()
