@@ -17,16 +17,19 @@ import base64
 import copy
 import html
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 import sqlalchemy as sa
 import yaml
 from fastapi import FastAPI
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from signoff.app.audit import Actor
 from signoff.app.config import SignoffConfig, parse_config
@@ -43,6 +46,7 @@ from tests.console.conftest import (  # noqa: F401  (fixtures)
     operators,
     password_hashes,
 )
+from tests.redteam.support import property_test
 
 pytestmark = pytest.mark.postgres
 
@@ -585,3 +589,51 @@ async def test_an_unavailable_database_is_named_to_anyone_without_its_password(
                 assert "pw-0f9e8d7c" not in str(r.headers)
     finally:
         await runtime.aclose()
+
+
+def _variants() -> st.SearchStrategy[Callable[[str], str]]:
+    """Spellings near a request id: only the id itself is that request."""
+    return st.sampled_from(
+        [
+            str.upper,
+            lambda rid: rid[:-1],
+            lambda rid: rid + "0",
+            lambda rid: f" {rid}",
+            lambda rid: f"{rid} ",
+            lambda rid: f"{rid}\u200b",
+            lambda rid: f"{rid}\t",
+            lambda rid: rid.replace("a", "\uff41").replace("1", "\uff11"),  # fullwidth
+            lambda rid: rid.replace("e", "\u0435"),  # Cyrillic
+            lambda rid: f"{rid[:8]}-{rid[8:12]}-{rid[12:16]}-{rid[16:20]}-{rid[20:]}",  # as a UUID
+            lambda rid: f"{rid}%",
+            lambda rid: f"{rid};",
+            lambda rid: f"{rid}' OR '1'='1",
+            lambda rid: "%",
+            lambda rid: "_" * len(rid),
+        ]
+    )
+
+
+@property_test(40)
+@given(variant=_variants(), mine=st.booleans())
+async def test_only_a_request_id_itself_names_the_request(
+    world: World, variant: Callable[[str], str], mine: bool
+) -> None:
+    """Agent A asking for a spelling near its own request's id, or agent B near A's: 404 for
+    reading, waiting and cancelling, whatever the database's collation or wildcards, and
+    nothing changes."""
+    rid = variant(world.rid_a)
+    assume(rid != world.rid_a)
+    key = world.key_a if mine else world.key_b
+    before = await snapshot(world.runtime)
+    async with world.client() as http:
+        for method, template in (
+            ("GET", "/v1/requests/{}"),
+            ("GET", "/v1/requests/{}/wait?timeout=0"),
+            ("POST", "/v1/requests/{}/cancel"),
+        ):
+            r = await http.request(method, template.format(quote(rid, safe="")), headers=bearer(key))
+            assert r.status_code in (404, 422), (rid, template, r.status_code, r.text[:200])
+            assert SENTINEL not in r.text, r.text  # nothing of the request's
+            assert "tool_name" not in r.text, r.text
+    assert await snapshot(world.runtime) == before
