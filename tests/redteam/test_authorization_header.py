@@ -212,11 +212,13 @@ async def test_credentials_of_what_a_reload_removed(
 ) -> None:
     """A reload takes agent B and the operator alice out. B's key still authenticates as B (its
     reports still count, README), but is allowed nothing and sees nothing of A's; alice's
-    personal token and console session decide nothing."""
+    personal token and console session decide nothing, nor do a session signed in through the
+    identity provider and its personal token once ``console.oidc`` is removed."""
     body = world_config(password_hashes)
     without = copy.deepcopy(body)
     del without["agents"][AGENT_B]
     del without["operators"]["alice"]
+    del without["console"]  # sign-ins through the identity provider turned off
     path = tmp_path / "without.yaml"
     path.write_text(yaml.safe_dump(without), encoding="utf-8")
     assert (await world.runtime.reload(path)).ok
@@ -244,6 +246,15 @@ async def test_credentials_of_what_a_reload_removed(
         )
         assert form.status_code == 303
         assert form.headers["location"].startswith("/ui/login?")
+        oidc_vote = await http.post(
+            f"/v1/me/requests/{world.rid_a}/decision",
+            json={"verdict": "approve"},
+            headers=bearer(world.oidc_personal),
+        )
+        assert oidc_vote.status_code == 401, oidc_vote.text
+        oidc_page = await http.get("/ui/", headers={"Cookie": f"signoff_session={world.oidc_session}"})
+        assert oidc_page.status_code == 303
+        assert oidc_page.headers["location"].startswith("/ui/login?")
         assert await snapshot(world.runtime) == before
 
 
