@@ -7,7 +7,8 @@ Three ways a value is masked:
   ``API-KEY``, ``X-Api-Key``, ``api key`` and ``apiKey`` all meet ``api_key``;
 - **by value**: inside any string, text that is a secret by its form — tokens known by their
   issuer's prefix (``glpat-…``, ``npm_…``, ``ghp_…``, ``xoxb-…``, ``sk_live_…`` and the
-  rest of gitleaks' prefixed rules, in :mod:`signoff.app._secret_tokens`), AWS access key
+  rest of gitleaks' prefixed rules, in :mod:`signoff.app._secret_tokens`), Signoff's own agent
+  keys (``sk_signoff_…``) and personal tokens (``sop_…``), AWS access key
   ids, JWTs, PEM private-key blocks, bearer and basic credentials, the password in
   ``scheme://user:password@host`` — and ``key=value`` / ``key: value`` pairs whose key
   contains a redact word (query strings, headers and commands quoted in an argument);
@@ -127,6 +128,10 @@ _FORMS = (
         ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
         re.compile(r"gh(?:[pousr]_[A-Za-z0-9]{30,}|ithub_pat_[A-Za-z0-9_]{30,})"),
     ),
+    # Signoff's own: an agent's key (signoff.app.keys) and a personal token (the console's
+    # Token page: a signed payload, compressed when long, then its signature).
+    _Form(("sk_signoff_",), re.compile(r"sk_signoff_[A-Za-z0-9_-]{8,}")),
+    _Form(("sop_",), re.compile(r"sop_\.?[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
     *(_Form(heads, re.compile(expression)) for _, heads, expression in TOKENS),
 )
 # One pass finds which heads occur. A head found stands for the heads that can start inside
