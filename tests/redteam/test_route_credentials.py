@@ -321,6 +321,8 @@ ROUTES = [
     ),
     Route("GET", "/v1/admin/grants", "admin"),
     Route("DELETE", "/v1/admin/grants/{grant_id}", "admin"),
+    Route("GET", "/v1/admin/tokens", "admin"),
+    Route("DELETE", "/v1/admin/tokens/{token_id}", "admin", url="/v1/admin/tokens/{token_id}?operator=alice"),
     Route("GET", "/v1/admin/audit", "admin"),
     Route("GET", "/v1/admin/audit/verify", "admin"),
     Route("GET", "/v1/admin/config", "admin"),
@@ -357,6 +359,7 @@ ROUTES = [
     Route("GET", "/ui/tokens", "console"),
     Route("POST", "/ui/tokens", "console", form={"days": "7"}),
     Route("POST", "/ui/tokens/revoke", "console", form={"token": "{personal}"}),
+    Route("POST", "/ui/tokens/{token_id}/revoke", "console", form={}),
     Route("GET", "/ui/webhooks", "console"),
     Route("GET", "/ui/history", "console"),
     Route("GET", "/ui/history/export.csv", "console"),
@@ -387,6 +390,7 @@ def fill(text: str, w: World, *, rid: str) -> str:
     return (
         text.replace("{request_id}", rid)
         .replace("{grant_id}", w.grant)
+        .replace("{token_id}", "0123456789abcdef")
         .replace("{name}", "read_only")
         .replace("{channel_type}", "slack")
         .replace("{channel}", "ops-slack")
