@@ -106,7 +106,7 @@ pgbouncer:
 pytest: install chromium strace pgbouncer
 	@VENV=$(VENV) bash scripts/ensure-claude-code.sh
 	@echo "==> pytest (SQLite and PostgreSQL), one worker per core"
-	@$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder
+	@$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
 # The inner loop: SQLite only, no browser, no end-to-end installs or CLI runs (the markers
 # postgres, browser and e2e: tests/README.md). Three workers on two cores: a third of the
