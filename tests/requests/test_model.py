@@ -315,8 +315,9 @@ class ModelGrant:
     revoked: bool = False
 
     def covers(self, gate: Gate, call: Call, now: datetime) -> bool:
-        """Whether this grant lets ``call`` through ``gate`` (none of my gates lets a requester
-        approve their own call, so no grant covers a call made for one of its grantors)."""
+        """Whether this grant lets ``call`` through ``gate`` (as configured now): enough of its
+        grantors for the gate's quorum would approve the call now (none of my gates lets a
+        requester approve their own call)."""
         return (
             self.gate == gate.name
             and not self.revoked
@@ -324,8 +325,13 @@ class ModelGrant:
             and self.tool == call.tool  # exactly as approved: no other spelling
             and (self.offer.scope == "agent" or (call.session is not None and call.session == self.session))
             and all(held(call.arguments, name) == value for name, value in self.same.items())
-            and not any(same_person(call.user, g) for g in self.grantors)
+            and self.holding(gate, call) >= gate.quorum
         )
+
+    def holding(self, gate: Gate, call: Call) -> int:
+        """How many of the grantors ``gate`` as configured now would take for ``call``: still
+        its approvers, and not the person the call is made for."""
+        return sum(person(g) in gate.approvers and not same_person(call.user, g) for g in self.grantors)
 
 
 ANY: Any = object()
@@ -506,6 +512,13 @@ class Model:
         eligible = [g for g in r.asks if voter in g.approvers and not own_call]
         if not eligible:
             return refused(f"{operator!r} may not decide any gate of the request (own call: {own_call})")
+        if verdict == "approve":
+            # An approval counts only where the gate as configured now takes it too: a gate a
+            # reload removed takes none (rejecting stays open to whoever was asked).
+            now_configured = {g.name: g for g in self.policy.gates}
+            eligible = [g for g in eligible if voter in getattr(now_configured.get(g.name), "approvers", ())]
+            if not eligible:
+                return refused(f"every gate {operator!r} may approve was removed by a reload")
         if choice is not None:
             if verdict != "approve":
                 return refused("a grant comes with an approval")
