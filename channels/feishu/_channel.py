@@ -7,19 +7,17 @@ import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import SecretStr
 
+from signoff.channels._clicks import RECORDING, ClickTasks
 from signoff.channels._contract import (
     CallbackRejected,
     CallbackReply,
     Card,
     ClickHandler,
-    ClickOutcome,
-    DeliveryError,
     MessageRef,
     PermanentDeliveryError,
     Person,
@@ -39,9 +37,7 @@ logger = logging.getLogger("signoff.channels.feishu")
 
 REPLY_BUDGET = 2.5
 """Seconds a click may take before the callback is answered anyway (Feishu waits 3 s)."""
-_SEEN_EVENTS = 4096
 _UUID_MAX = 50
-_SHUTDOWN_GRACE = 5.0
 
 T = TypeVar("T")
 
@@ -81,8 +77,7 @@ class FeishuChannel:
         self._client = client
         self._clock = clock
         self._reply_budget = reply_budget
-        self._clicks: OrderedDict[str, asyncio.Task[ClickOutcome]] = OrderedDict()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._clicks = ClickTasks("Feishu", name, logger)
         self._connection: LongConnection | None = None
 
     # Sending
@@ -253,7 +248,7 @@ class FeishuChannel:
             return None
         reply = await self._apply_click(data, handler, legacy=False)
         if reply.after is not None:
-            self._spawn(reply.after())
+            self._clicks.spawn(reply.after())
         return reply.body
 
     async def _apply_click(
@@ -263,15 +258,10 @@ class FeishuChannel:
             click = parse_click(payload, legacy=legacy)
         except EditRefused as exc:
             return CallbackReply(body=callback_body("warning", str(exc)))
-        task, fresh = self._click_task(click.event_id, lambda: handler.click(self.name, click))
-        try:
-            outcome = await asyncio.wait_for(asyncio.shield(task), self._reply_budget)
-        except TimeoutError:
-            return CallbackReply(
-                body=callback_body("info", "Recording your decision; the card will update shortly.")
-            )
-        except Exception:
-            return CallbackReply(body=callback_body("error", "Your click could not be recorded; try again."))
+        task, fresh = self._clicks.start(click.event_id, lambda: handler.click(self.name, click))
+        outcome = await self._clicks.outcome(task, self._reply_budget)
+        if isinstance(outcome, str):
+            return CallbackReply(body=callback_body("info" if outcome == RECORDING else "error", outcome))
         if legacy:
             # The old callback answers with the card itself.
             body: Mapping[str, Any] = render_card(outcome.card)
@@ -280,60 +270,12 @@ class FeishuChannel:
             # stands), or why not (decided otherwise, expired or cancelled, refused).
             kind: ToastType = "success" if outcome.accepted else "info" if outcome.answer.ok else "warning"
             body = callback_body(kind, outcome.message, outcome.card)
-        after = self._enrichment(handler, click.user_id) if fresh and outcome.accepted else None
+        after = (
+            self._clicks.enrichment(handler, click.user_id, self.lookup_user)
+            if fresh and outcome.accepted
+            else None
+        )
         return CallbackReply(body=body, after=after)
-
-    def _click_task(
-        self, event_id: str | None, start: Callable[[], Coroutine[Any, Any, ClickOutcome]]
-    ) -> tuple[asyncio.Task[ClickOutcome], bool]:
-        """The click's task, shared by redeliveries of the same event; True when it is new."""
-        if event_id is not None and (seen := self._clicks.get(event_id)) is not None:
-            self._clicks.move_to_end(event_id)
-            return seen, False
-        task = asyncio.create_task(start())
-        self._tasks.add(task)
-        if event_id is not None:
-            self._clicks[event_id] = task
-            while len(self._clicks) > _SEEN_EVENTS:
-                self._clicks.popitem(last=False)
-
-        def done(finished: asyncio.Task[ClickOutcome]) -> None:
-            self._tasks.discard(finished)
-            if not finished.cancelled() and finished.exception() is None:
-                return
-            if not finished.cancelled():
-                logger.error(
-                    "Feishu channel %s: applying a click failed", self.name, exc_info=finished.exception()
-                )
-            # A redelivery should try again rather than replay the failure.
-            if event_id is not None and self._clicks.get(event_id) is finished:
-                del self._clicks[event_id]
-
-        task.add_done_callback(done)
-        return task, True
-
-    def _enrichment(self, handler: ClickHandler, open_id: str) -> Callable[[], Awaitable[None]]:
-        async def enrich() -> None:
-            try:
-                name, email = await self.lookup_user(open_id)
-            except DeliveryError as exc:
-                logger.warning("Feishu channel %s: looking up %s failed: %s", self.name, open_id, exc.reason)
-                return
-            if name is not None or email is not None:
-                await handler.enrich_identity(self.name, open_id, name=name, email=email)
-
-        return enrich
-
-    def _spawn(self, work: Awaitable[None]) -> None:
-        async def run() -> None:
-            try:
-                await work
-            except Exception:
-                logger.exception("Feishu channel %s: background work failed", self.name)
-
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # Lifecycle
 
@@ -357,5 +299,4 @@ class FeishuChannel:
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.stop()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=_SHUTDOWN_GRACE)
+        await self._clicks.aclose()

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from signoff.channels._clicks import ClickTasks
 from signoff.channels._contract import (
     CallbackRejected,
     CallbackReply,
     Card,
     ClickHandler,
-    ClickOutcome,
     DeliveryError,
     MessageRef,
     PermanentDeliveryError,
@@ -38,8 +36,6 @@ MAX_BODY_BYTES = 256 * 1024
 """The largest activity the messaging endpoint reads (a card's inputs included)."""
 REPLY_BUDGET = 4.0
 """Seconds a click may take before the invoke is answered anyway (Teams waits about 5 s)."""
-_SEEN_INVOKES = 4096
-_SHUTDOWN_GRACE = 5.0
 _API_TIMEOUT = 10.0
 _MAX_ERROR_CHARS = 200
 _PATH_SAFE = ":@;=!$&'()*+,-._~"
@@ -119,8 +115,7 @@ class TeamsChannel:
             clock=clock,
             **extra,
         )
-        self._clicks: OrderedDict[str, asyncio.Task[ClickOutcome]] = OrderedDict()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._clicks = ClickTasks("teams", name, log)
 
     @property
     def token(self) -> BotToken:
@@ -239,15 +234,16 @@ class TeamsChannel:
             click = parse_invoke(activity, tenant_id=self.config.tenant_id)
         except EditRefused as exc:
             return await self._current(activity, handler, str(exc))
-        task, fresh = self._click_task(click.event_id, lambda: handler.click(self.name, click))
-        try:
-            outcome = await asyncio.wait_for(asyncio.shield(task), self._reply_budget)
-        except TimeoutError:
-            return CallbackReply(body=_message("Recording your decision; the card will update shortly."))
-        except Exception:
-            return CallbackReply(body=_message("Your click could not be recorded; try again."))
+        task, fresh = self._clicks.start(click.event_id, lambda: handler.click(self.name, click))
+        outcome = await self._clicks.outcome(task, self._reply_budget)
+        if isinstance(outcome, str):
+            return CallbackReply(body=_message(outcome))
         note = None if outcome.accepted else outcome.message
-        after = self._enrichment(handler, click.user_id) if fresh and outcome.accepted else None
+        after = (
+            self._clicks.enrichment(handler, click.user_id, self.lookup_user)
+            if fresh and outcome.accepted
+            else None
+        )
         return CallbackReply(body=invoke_response(outcome.card, note=note), after=after)
 
     async def _current(self, activity: Mapping[str, Any], handler: ClickHandler, note: str) -> CallbackReply:
@@ -258,46 +254,6 @@ class TeamsChannel:
             return CallbackReply(body=_message(note))
         return CallbackReply(body=invoke_response(card, note=note))
 
-    def _click_task(
-        self, event_id: str | None, start: Callable[[], Coroutine[Any, Any, ClickOutcome]]
-    ) -> tuple[asyncio.Task[ClickOutcome], bool]:
-        """The click's task, shared by a replay of the same invoke; True when it is new."""
-        if event_id is not None and (seen := self._clicks.get(event_id)) is not None:
-            self._clicks.move_to_end(event_id)
-            return seen, False
-        task = asyncio.create_task(start())
-        self._tasks.add(task)
-        if event_id is not None:
-            self._clicks[event_id] = task
-            while len(self._clicks) > _SEEN_INVOKES:
-                self._clicks.popitem(last=False)
-
-        def done(finished: asyncio.Task[ClickOutcome]) -> None:
-            self._tasks.discard(finished)
-            if not finished.cancelled() and finished.exception() is None:
-                return
-            if not finished.cancelled():
-                log.error(
-                    "teams channel %s: applying a click failed", self.name, exc_info=finished.exception()
-                )
-            if event_id is not None and self._clicks.get(event_id) is finished:
-                del self._clicks[event_id]
-
-        task.add_done_callback(done)
-        return task, True
-
-    def _enrichment(self, handler: ClickHandler, user_id: str) -> Callable[[], Awaitable[None]]:
-        async def enrich() -> None:
-            try:
-                name, email = await self.lookup_user(user_id)
-            except DeliveryError as exc:
-                log.warning("teams channel %s: looking up %s failed: %s", self.name, user_id, exc.reason)
-                return
-            if name is not None or email is not None:
-                await handler.enrich_identity(self.name, user_id, name=name, email=email)
-
-        return enrich
-
     # Lifecycle
 
     async def start(self, handler: ClickHandler) -> None:
@@ -305,8 +261,7 @@ class TeamsChannel:
 
     async def aclose(self) -> None:
         """Let clicks in flight finish, then close the HTTP client."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=_SHUTDOWN_GRACE)
+        await self._clicks.aclose()
         if self._own_client:
             await self._client.aclose()
 
