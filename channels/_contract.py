@@ -593,6 +593,10 @@ class Click:
     """An approval with changes: argument field → the value the approver gave it (plain JSON,
     within :func:`edit_problem`'s limits; the server checks that the gate lets those fields
     change). Fields given their proposed value are no change."""
+    outsider: bool = False
+    """The platform says the clicker belongs to another organisation than the one the app is
+    installed in (a Slack Connect member, a member of a Feishu external group). Their click
+    counts only where they are a listed approver, never on a gate open to its channel."""
 
     def __post_init__(self) -> None:
         # Everything here is stored (votes, audit events); text no database can hold would

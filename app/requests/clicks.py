@@ -152,6 +152,7 @@ class ClickService:
             person=person,
             identity={**click.identity, **({"event_id": click.event_id} if click.event_id else {})},
             assurance=identity_of(kind).assurance,
+            outsider=click.outsider,
         )
 
     def _needs_email(self, req: ConfirmationRequest, gates: list[GateSnapshot], voter: Voter) -> bool:

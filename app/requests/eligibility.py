@@ -61,6 +61,7 @@ __all__ = [
     "NOT_AN_APPROVER",
     "NOT_HERE",
     "NOT_SHOWN",
+    "OUTSIDER",
     "OWN_CALL",
     "EscalationStep",
     "GateSnapshot",
@@ -84,6 +85,10 @@ __all__ = [
 NOT_HERE = "This request's card was not posted here, so a click here does not count."
 NOT_AN_APPROVER = "You are not an approver for this request."
 OWN_CALL = "You cannot approve a call made on your own behalf."
+OUTSIDER = (
+    "This gate is open to its channel's own organisation and you are a member of another one: "
+    "ask for your id to be listed as an approver."
+)
 GROUP_PREFIX = "group:"
 """An approver written ``group:NAME`` is everyone the identity provider puts in group NAME."""
 _TOO_WEAK = "This gate takes votes identified by "
@@ -214,6 +219,9 @@ class Voter:
     aliases: tuple[str, ...] = ()
     """Other identifiers naming the voter (the provider's subject): they count against
     self-approval, never as being an approver."""
+    outsider: bool = False
+    """A member of another organisation than the channel's own (:attr:`Click.outsider`): they
+    vote only where they are a listed approver."""
 
     @property
     def key(self) -> str:
@@ -402,7 +410,10 @@ def _refused(
         return NOT_HERE
     approvers = own.approvers_at(elapsed)
     if not approvers:
-        # Open to whoever sees its card: in its channel, or an operator of the configuration.
+        # Open to whoever sees its card: in its channel, or an operator of the configuration;
+        # never to a member of another organisation the channel is shared with.
+        if voter.outsider:
+            return OUTSIDER
         return NOT_HERE if elsewhere and not _configured_operator(voter, config) else None
     if not _is_approver(approvers, voter, config):
         return NOT_AN_APPROVER

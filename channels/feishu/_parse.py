@@ -173,4 +173,10 @@ def parse_click(payload: Mapping[str, Any], *, legacy: bool = False) -> Click:
         conversation=_text(context.get("open_chat_id")),
         grant=grant,
         arguments=_edited(action),
+        # A member of an external group: their tenant is not the one the app is installed in.
+        outsider=_outsider(_text(operator.get("tenant_key")), _text(header.get("tenant_key"))),
     )
+
+
+def _outsider(own: str | None, here: str | None) -> bool:
+    return own is not None and here is not None and own != here

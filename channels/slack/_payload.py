@@ -185,6 +185,7 @@ def click_from_block_actions(payload: Mapping[str, Any]) -> Click | None:
             identity=identity,
             conversation=identity.get("channel_id"),
             grant=grant,
+            outsider=_outsider(payload, user),
         )
     return None
 
@@ -291,6 +292,7 @@ def edit_from_view_submission(payload: Mapping[str, Any]) -> EditSubmission | No
         identity=identity,
         conversation=identity.get("channel_id"),
         arguments=arguments,
+        outsider=_outsider(payload, user),
     )
     return EditSubmission(click)
 
@@ -322,6 +324,7 @@ def click_from_view_submission(payload: Mapping[str, Any]) -> Click | None:
         identity=identity,
         # Set by this app when it opened the modal from the card's Reject button.
         conversation=identity.get("channel_id"),
+        outsider=_outsider(payload, user),
     )
 
 
@@ -334,7 +337,16 @@ def _identity(payload: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, 
     # Org-wide installs send ``team: null``; the user's own team is then the best we have.
     _put(identity, "team_id", _str(team, "id") or _str(user, "team_id"))
     _put(identity, "enterprise_id", _str(enterprise, "id") or _str(team, "enterprise_id"))
+    if _outsider(payload, user):
+        _put(identity, "user_team_id", _str(user, "team_id"))
     return identity
+
+
+def _outsider(payload: Mapping[str, Any], user: Mapping[str, Any]) -> bool:
+    """Whether the clicker's own workspace (``user.team_id``) is not the one the app is in
+    (``team.id``): a member of another organisation in a shared channel (Slack Connect)."""
+    own, here = _str(user, "team_id"), _str(_obj(payload, "team"), "id")
+    return own is not None and here is not None and own != here
 
 
 def _user_name(user: Mapping[str, Any]) -> str | None:
