@@ -307,10 +307,15 @@ _IGNORABLE = re.compile(
     "\ufff0-\ufff8\U000e0000-\U000e0fff]"
 )
 _NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
+_NOT_PRINTABLE_ASCII_OR_BACKSLASH = re.compile(r"[^\x20-\x5b\x5d-\x7e]")
+"""For :func:`shown_text`: a backslash is escaped too (JSON escapes its own), so that a name
+spelled with a literal ``\u200b`` never shows as one with the invisible character."""
 
 
 def _escape_hidden(match: re.Match[str]) -> str:
     char = match.group()
+    if char == "\\":
+        return "\\\\"
     if unicodedata.category(char) not in _HIDDEN_CATEGORIES and _IGNORABLE.match(char) is None:
         return char
     code = ord(char)
@@ -338,8 +343,9 @@ def argument_json(value: Any, *, indent: int | None = None) -> str:
 def shown_text(text: str) -> str:
     """``text`` from an agent (a tool name, a requester's id) as a card shows it: on one line,
     every character that does not show as itself (a line break, a bidi override, a zero-width
-    space) written as a ``\\u`` escape, so it cannot draw lines of a card's own (``Arguments:``)."""
-    return _NOT_PRINTABLE_ASCII.sub(_escape_hidden, text)
+    space) written as a ``\\u`` escape, so it cannot draw lines of a card's own (``Arguments:``),
+    and a backslash doubled, so that an escape shown is never text the agent wrote."""
+    return _NOT_PRINTABLE_ASCII_OR_BACKSLASH.sub(_escape_hidden, text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from signoff.channels import (
     Verdict,
     argument_json,
     lay_out_arguments,
+    shown_text,
 )
 from signoff.channels._contract import MIN_SHORT_FORM_CHARS, SHORT_FORM_CHARS
 from signoff.channels.email import EmailChannel, EmailConfig, LinkSigner, render_html, render_text
@@ -323,6 +324,17 @@ def test_short_forms_come_first_and_the_room_left_is_shared() -> None:
     assert abs(a.shown - b.shown) <= 1
     assert a.shown > SHORT_FORM_CHARS
     assert sum(len(line.text) for line in view.lines) > 2900, "the budget is used"
+
+
+@given(st.text(max_size=12), st.text(max_size=12))
+@example("pay\\u200binvoice", "pay\u200binvoice")
+@example("a\\\\u200b", "a\\\u200b")
+def test_two_names_never_show_alike(a: str, b: str) -> None:
+    """A tool name or requester id spelled with a literal ``\\u200b`` never shows as one with
+    the zero-width space itself: what a card shows names one text only."""
+    if a != b:
+        assert shown_text(a) != shown_text(b)
+    assert shown_text("C:\\tools\\pay") == "C:\\\\tools\\\\pay"
 
 
 def test_characters_that_hide_or_reorder_text_are_written_as_escapes() -> None:
