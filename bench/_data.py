@@ -10,6 +10,9 @@ from signoff.app.db import create_engine
 from signoff.app.models import ConfirmationRequest, Delivery, utcnow
 
 GATE = {
+    # The key of bench._server.CONFIG's gate: an approval counts only where the gate as
+    # configured now takes it, and the gate is found by its key.
+    "key": "confirmation_gate[pay_*]",
     "name": "pay_*",
     "approvers": ["alice"],
     "quorum": 1,

@@ -212,10 +212,13 @@ def measure(db: str, count: int, *, verbose: bool = True, env: dict[str, str] | 
             t1 = time.monotonic()
             problems = asyncio.run(decide_all(s.url, s.admin_headers, ids))
             decide_seconds = time.monotonic() - t1
+            if problems:  # their waiters would wait for a decision that never comes
+                raise RuntimeError(f"{len(problems)} decisions refused: {'; '.join(problems[:3])}")
             out, _ = client.communicate(timeout=120)
         finally:
             if client.poll() is None:
                 client.kill()
+                client.communicate()
         if client.returncode != 0 or not report_file.exists():
             raise RuntimeError(f"the waiting client failed ({client.returncode}): {(out or '')[-2000:]}")
         report = json.loads(report_file.read_text())
