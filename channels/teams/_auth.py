@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import jwt
-from jwt.exceptions import InvalidTokenError, PyJWKError
+from jwt.exceptions import InvalidKeyError, InvalidTokenError, PyJWKError
 
 from signoff.channels._contract import (
     CallbackRejected,
@@ -207,7 +207,7 @@ class InvokeVerifier:
                 continue
             try:
                 key = jwt.PyJWK(entry, algorithm="RS256")
-            except PyJWKError:
+            except (PyJWKError, InvalidKeyError):  # numbers that make no RSA key
                 continue
             endorsed = (
                 frozenset(e for e in listed if isinstance(e, str)) if isinstance(listed, list) else None
@@ -224,7 +224,7 @@ class InvokeVerifier:
             raise RetryableDeliveryError(f"{what}: HTTP {response.status_code}")
         try:
             data = response.json()
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             raise RetryableDeliveryError(f"{what}: not JSON") from None
         if not isinstance(data, dict):
             raise PermanentDeliveryError(f"{what}: not a JSON object")
