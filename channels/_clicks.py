@@ -21,10 +21,15 @@ from signoff.channels._contract import ClickHandler, ClickOutcome, DeliveryError
 
 __all__ = ["NOT_RECORDED", "RECORDING", "ClickTasks"]
 
-RECORDING = "Recording your decision; the card will update shortly."
-"""What a callback answers when its click takes longer than the channel's budget."""
-NOT_RECORDED = "Your click could not be recorded; try again."
-"""What a callback answers when applying its click failed."""
+RECORDING = "Your click is still being checked; if it counts, the card will update shortly."
+"""What a callback answers when its click takes longer than the channel's budget: whether it
+will count (the clicker may not be an approver) is not known yet."""
+NOT_RECORDED = (
+    "Something went wrong applying your click, and it may not have counted; "
+    "try again (a click that did count is not counted twice)."
+)
+"""What a callback answers when applying its click failed: the failure may have come after
+the vote was committed (drawing the card, a connection lost at the commit)."""
 _SEEN = 4096
 """How many event ids are remembered to share a redelivery's task."""
 _SHUTDOWN_GRACE = 5.0

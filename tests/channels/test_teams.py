@@ -20,6 +20,7 @@ from signoff.channels import (
     Person,
     RetryableDeliveryError,
 )
+from signoff.channels._clicks import NOT_RECORDED, RECORDING
 from signoff.channels.teams import TeamsChannel, TeamsConfig, render_card, render_reminder
 from tests.channels.feishu_support import RecordingHandler, decided, make_card
 from tests.channels.teams_fake import APP_ID, CONVERSATION, TENANT, FakeBotFramework, Scripted
@@ -507,12 +508,12 @@ async def test_a_slow_click_is_answered_in_time_and_a_failed_one_says_so(fake: F
         assert reply.body == {
             "statusCode": 200,
             "type": "application/vnd.microsoft.activity.message",
-            "value": "Recording your decision; the card will update shortly.",
+            "value": RECORDING,
         }
         broken = RecordingHandler(error=RuntimeError("database down"))
         reply = await channel.handle_callback(*fake.invoke(fake.activity("r2", aad=ALICE)), broken)
         assert reply.body is not None
-        assert reply.body["value"] == "Your click could not be recorded; try again."
+        assert reply.body["value"] == NOT_RECORDED
         # A replay of the failed invoke tries again rather than repeating the failure.
         fixed = RecordingHandler()
         again = fake.invoke(fake.activity("r3", aad=ALICE, activity_id="f:7"))
