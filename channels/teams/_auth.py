@@ -15,10 +15,11 @@ expires, one fetch at a time.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 import jwt
@@ -53,6 +54,13 @@ _FETCH_TIMEOUT = 5.0
 _TOKEN_MARGIN = 300.0
 """A token is renewed this long before it expires."""
 _MAX_TOKEN_CHARS = 16_384
+
+
+def _moment(value: object) -> TypeGuard[int | float]:
+    """Whether a token's time claim is a finite number of seconds."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def bearer_token(headers: Mapping[str, str]) -> str:
@@ -161,9 +169,10 @@ class InvokeVerifier:
         except InvalidTokenError as exc:
             raise CallbackRejected(f"bearer token refused: {type(exc).__name__}") from None
         exp, nbf = claims.get("exp"), claims.get("nbf")
-        if not isinstance(exp, int | float) or isinstance(exp, bool) or exp + LEEWAY_SECONDS <= now:
+        # Written so that a time that is no number (NaN included) refuses.
+        if not _moment(exp) or not now < exp + LEEWAY_SECONDS:
             raise CallbackRejected("bearer token expired")
-        if nbf is not None and (not isinstance(nbf, int | float) or nbf - LEEWAY_SECONDS > now):
+        if nbf is not None and (not _moment(nbf) or not nbf - LEEWAY_SECONDS <= now):
             raise CallbackRejected("bearer token not valid yet")
         return Verified(claims, endorsements)
 
