@@ -28,6 +28,8 @@ IDENTITY = Identity(user_id=GUID, assurance=Assurance.TEAMS_JWT)
 """A Teams user is named by their Microsoft Entra object id (``from.aadObjectId``, a GUID):
 the same in every team and chat of the tenant, and what ``people`` carry as ``teams:``."""
 
+TEAMS_CHANNEL_ID = "msteams"
+"""The ``channelId`` of an activity from Microsoft Teams."""
 _VERDICTS = frozenset(verdict.value for verdict in Verdict)
 _MESSAGE_ID = re.compile(r";messageid=\d+$")
 
@@ -107,8 +109,13 @@ def parse_invoke(activity: Mapping[str, Any], *, tenant_id: str) -> Click:
     is the verdict; the data names the request, and carries the reason, the grant chosen
     and the edited values as Teams merged the card's inputs into it. Raises
     :class:`CallbackRejected` (400) for an invoke that is not one of this app's cards'
-    (403 from another tenant), :class:`EditRefused` when an edited value cannot be approved.
+    (403 from another tenant, or from another Bot Framework channel than Teams),
+    :class:`EditRefused` when an edited value cannot be approved.
     """
+    if activity.get("channelId") != TEAMS_CHANNEL_ID:
+        # The connector signs what every channel of the bot delivers; on Web Chat and Direct
+        # Line the page writes `from` and `channelData` itself. Only Teams vouches for them.
+        raise CallbackRejected("invoke from another Bot Framework channel than Teams", status_code=403)
     value = _object(activity.get("value"), "invoke value")
     action = _object(value.get("action"), "invoke action")
     if action.get("type") != "Action.Execute":
