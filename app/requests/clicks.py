@@ -13,7 +13,7 @@ from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from signoff.app.bodies import storable
-from signoff.app.channel_types import identity_of
+from signoff.app.channel_types import identity_of, is_chat
 from signoff.app.config import SignoffConfig
 from signoff.app.db import transaction
 from signoff.app.deliveries import CARD_REF
@@ -39,6 +39,7 @@ log = logging.getLogger("signoff.clicks")
 LOOKUP_SECONDS = 1.5
 """How long a clicker's look-up may take (Slack and Feishu want an answer within 3 s)."""
 
+_CHANNEL_GONE = "This channel is no longer configured in Signoff, so a click here does not count."
 _LOOK_UP = "look the clicker up"
 """What :meth:`ClickService._refusal` answers when only the clicker's email can tell."""
 
@@ -111,7 +112,9 @@ class ClickService:
         if kind == "web":
             return NOT_HERE  # decided in Signoff itself, by operators: there is no card to click
         if target is None:
-            return None
+            # A chat click whose channel a reload removed while the click was on its way: where
+            # its card is can no longer be checked, so it does not count.
+            return _CHANNEL_GONE if is_chat(kind) and channel not in self._channels else None
         every = gates_of(req)
         here = card_gates(every, channel, created_at=req.created_at, now=utcnow())
         if not here:
