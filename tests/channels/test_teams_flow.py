@@ -253,10 +253,12 @@ async def test_a_rate_limited_post_is_retried_after_retry_after(
     fake.fail_next("post", Scripted(429, {"Retry-After": "1"}))
     rid = await ask(http, agent_key)
     await eventually(lambda: len(fake.calls_to("POST", "/activities")) >= 1 or None)
+    # The refused attempt is recorded once the outbox has its answer, after the fake saw it:
+    # surely by the time the retry reached the fake.
+    [card_id] = await posted(fake)
     async with server.runtime.sessions() as s:
         row = (await s.exec(select(Delivery).where(col(Delivery.request_id) == rid))).one()
     assert row.attempts >= 1
-    [card_id] = await posted(fake)
     assert executes(fake.card(card_id))
 
 
