@@ -513,13 +513,15 @@ class GatingProxy:
         method: str,
         params: dict[str, Any] | None,
         report: dict[str, Any] | None = None,
+        decision: GateDecision | None = None,
     ) -> dict[str, Any]:
         """A 2026-07-28 request the upstream may ask its client about: one round of it.
 
         The first round starts the upstream call in the background (the questions it asks
         end the round as an ``input_required`` result); a retry carrying ``requestState``
         answers them and waits on the same call, which is neither started nor asked of
-        Signoff again.
+        Signoff again. A ``tools/call`` Signoff allowed (``decision``) ends, in whichever
+        round, with the result carrying the decision's receipt, as in the handshake era.
         """
         state = (ctx.params or {}).get("requestState")
         if state is not None:
@@ -527,7 +529,9 @@ class GatingProxy:
         else:
             exchange = Exchange(ctx, _identity(method, ctx.params))
             self._exchanges[exchange.id] = exchange
-            self._start(self._run_exchange, exchange, method, params, report, _has_progress_token(ctx))
+            self._start(
+                self._run_exchange, exchange, method, params, report, decision, _has_progress_token(ctx)
+            )
         exchange.busy = True
         try:
             with self.clients.live(ctx):
@@ -561,6 +565,7 @@ class GatingProxy:
         method: str,
         params: dict[str, Any] | None,
         report: dict[str, Any] | None,
+        decision: GateDecision | None,
         with_progress: bool,
     ) -> None:
         async def relay(progress: float, total: float | None, message: str | None) -> None:
@@ -587,6 +592,8 @@ class GatingProxy:
                 return  # the client abandoned its request: nothing ran to completion for it
             if report is not None:
                 self._report_outcome(report, result, error)
+            if result is not None and decision is not None:
+                result = _with_receipt(result, decision)
             exchange.finish(result, error)
             with anyio.move_on_after(INPUT_WAIT):
                 await exchange.collected.wait()
@@ -729,7 +736,7 @@ class GatingProxy:
         report = {**ask, "tool_name": tool, "arguments": run_with}
         outbound = _outbound(ctx.params, arguments=run_with)
         if modern:
-            return await self._rounds(ctx, "tools/call", outbound, report)
+            return await self._rounds(ctx, "tools/call", outbound, report, decision)
         try:
             result = await self._relay(ctx, "tools/call", outbound)
         except MCPError as exc:
