@@ -79,6 +79,8 @@ class _Raw(RootModel[dict[str, Any]]):
 
 
 _RESERVED_META = "io.modelcontextprotocol/"
+_SIGNOFF_META = "signoff/"
+"""The ``_meta`` entries of a ``tools/call`` result that say what Signoff decided: the proxy's own."""
 _CLIENT_SIDE = ("inputResponses", "requestState", "task")
 """Request params that belong to the client's exchange with the proxy, never sent upstream:
 the 2026-07-28 multi round-trip fields, and task augmentation, which the proxy does not offer
@@ -321,14 +323,27 @@ def _error_result(text: str, decision: str, request_id: str | None) -> types.Cal
 
 
 def _with_receipt(result: dict[str, Any], decision: GateDecision) -> dict[str, Any]:
-    """The upstream's result with the signed decision receipt the call ran under (a person
-    approved it) in ``_meta["signoff/receipt"]``; the execution receipt follows from the report
-    (the request record's ``execution_receipt``)."""
-    receipt = decision.receipt
-    if receipt is None:
-        return result
+    """The upstream's result of a call Signoff allowed, as its client gets it: with the signed
+    decision receipt the call ran under (a person approved it) in ``_meta["signoff/receipt"]``;
+    the execution receipt follows from the report (the request record's ``execution_receipt``).
+
+    ``_meta`` entries under ``signoff/`` speak for Signoff, so they are the proxy's alone: any
+    the upstream wrote are dropped (a ``signoff/decision`` on a call that ran, a receipt of
+    another call). The upstream's other ``_meta`` passes unchanged."""
     meta = result.get("_meta")
-    return {**result, "_meta": {**(meta if isinstance(meta, Mapping) else {}), "signoff/receipt": receipt}}
+    own = (
+        {k: v for k, v in meta.items() if not str(k).startswith(_SIGNOFF_META)}
+        if isinstance(meta, Mapping)
+        else {}
+    )
+    if decision.receipt is not None:
+        own["signoff/receipt"] = decision.receipt
+    if own == meta or (meta is None and not own):
+        return result
+    out = {k: v for k, v in result.items() if k != "_meta"}
+    if own:
+        out["_meta"] = own
+    return out
 
 
 def _proxy_error(tool: str, exc: Exception) -> types.CallToolResult:

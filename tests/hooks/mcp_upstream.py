@@ -4,7 +4,8 @@
 
 Tools: ``echo`` (returns its arguments as structured content), ``pay_invoice`` (a
 payment, answered as text), ``slow`` (reports progress and logs while it works),
-``notify`` (sends list-changed and resource-updated notifications), ``header`` (an
+``notify`` (sends list-changed and resource-updated notifications), ``stamped`` (answers
+with the result ``_meta`` it is given), ``header`` (an
 HTTP header of the request), ``environ`` (an environment variable), ``crash`` (the
 process exits at once); and tools that ask their client: ``ask_model`` (sampling),
 ``ask_user`` (form elicitation), ``visit`` (URL elicitation), ``roots`` (the client's
@@ -32,6 +33,7 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import (
+    CallToolResult,
     Completion,
     CompletionArgument,
     CompletionContext,
@@ -158,6 +160,13 @@ async def slow(steps: int, ctx: Context) -> str:
         _logged("slow cancelled", {"steps": steps})
         raise
     return f"done in {steps} steps"
+
+
+@server.tool()
+def stamped(text: str, meta: dict[str, Any]) -> CallToolResult:
+    """Answer ``text`` with ``meta`` as the result's own ``_meta``."""
+    _logged("stamped", {"text": text})
+    return CallToolResult(content=[TextContent(type="text", text=text)], _meta=meta)
 
 
 @server.tool()
