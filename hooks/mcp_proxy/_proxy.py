@@ -697,8 +697,18 @@ class GatingProxy:
 
     # -- gating
 
-    def _session(self, ctx: ServerRequestContext[Any, Any]) -> str:
-        """The session id Signoff is given: this process's, and the client's (hashed ``Mcp-Session-Id``)."""
+    def _session(self, ctx: ServerRequestContext[Any, Any]) -> str | None:
+        """The session id Signoff is given: this process's, and the client's (hashed ``Mcp-Session-Id``).
+
+        None for a 2026-07-28 request over HTTP: it is in no session (one self-contained POST,
+        as every client of the proxy sends them; an ``Mcp-Session-Id`` on it is whatever the
+        client chose), so Signoff offers it no session grant and covers it by none.
+        """
+        if (
+            ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+            and getattr(ctx.request, "headers", None) is not None
+        ):
+            return None
         raw = connection_key(ctx)
         return self.ledger.session(hashlib.sha256(raw.encode()).hexdigest()[:16] if raw else None)
 
@@ -725,7 +735,8 @@ class GatingProxy:
         started = anyio.current_time()
         try:
             session_id = self._session(ctx)
-            claim = self.ledger.claim(params.name, arguments, session_id)
+            # A call in no session re-attaches to its retry in this process.
+            claim = self.ledger.claim(params.name, arguments, session_id or self.ledger.session(None))
             metadata = self._metadata(ctx, params.name)
         except Exception as exc:
             log.exception("the proxy failed before asking Signoff; the call is refused")
