@@ -10,6 +10,7 @@ covered by one, so the second client's payment is asked of the approvers, and do
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import socket
@@ -118,4 +119,11 @@ async def test_a_session_grant_to_one_client_of_a_listening_proxy_does_not_cover
                 assert by_other.is_error, text(by_other)
                 assert "is waiting for approval" in text(by_other)
                 assert [r["arguments"] for r in await pending()] == [second]
+
+                for _ in range(250):  # the proxy reports the call that ran, in the background
+                    record = (await admin.get(f"/v1/admin/requests/{asked['id']}")).json()
+                    if record["executed_at"] is not None:
+                        break
+                    await asyncio.sleep(0.02)
+                assert record["executed_at"] is not None
     assert [c["arguments"]["invoice_id"] for c in ran(tmp_path)] == ["inv-1"]
