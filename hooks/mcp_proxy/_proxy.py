@@ -70,6 +70,9 @@ PROGRESS_EVERY = 5.0
 """Seconds between progress notifications while a call waits for a person."""
 REPORT_FLUSH = 3.0
 """Seconds reports of executed calls may still take when the proxy stops."""
+ABANDONED = "the call was forwarded, then abandoned before its result (the upstream may have run it)"
+"""The error a forwarded call is reported with when its client cancelled it, or the proxy could not
+wait for its result: whether it ran is unknown, so its approval is spent all the same."""
 
 _Request = types.Request[dict[str, Any] | None, str]
 
@@ -603,8 +606,10 @@ class GatingProxy:
                 except Exception as exc:
                     log.exception("the proxy failed relaying %s", method)
                     error = MCPError(types.INTERNAL_ERROR, f"proxy error {type(exc).__name__}: {exc}")
-            if exchange.scope.cancelled_caught:
-                return  # the client abandoned its request: nothing ran to completion for it
+            if exchange.scope.cancelled_caught:  # the client abandoned its request
+                if report is not None:
+                    self._report(report, None, ABANDONED)
+                return
             if report is not None:
                 self._report_outcome(report, result, error)
             if result is not None and decision is not None:
@@ -767,6 +772,9 @@ class GatingProxy:
             result = await self._relay(ctx, "tools/call", outbound)
         except MCPError as exc:
             self._report_outcome(report, None, exc)
+            raise
+        except BaseException:
+            self._report(report, None, ABANDONED)
             raise
         self._report_outcome(report, result, None)
         return _with_receipt(result, decision)
