@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import random
 import socket
 import ssl
 import uuid
@@ -322,7 +323,37 @@ async def runtime(
     await rt.aclose()
 
 
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands out to outgoing connections (Linux's default elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+_OWN_PORTS = range(20000, 32768)
+"""Where :func:`free_port` looks first: below the usual ephemeral range and above most
+services' ports."""
+_PORT_PICKS = random.SystemRandom()
+"""Not ``random`` itself: each test seeds it alike (pytest-randomly), and two workers would
+pick the same ports in the same order."""
+
+
 def free_port() -> int:
+    """A loopback port free now, for a server a test starts. Not one of the kernel's ephemeral
+    ports where it can help it: every outgoing connection (any test's, on any worker) takes one
+    of those, and one taken between this check and the server's bind made the server fail to
+    start with "Address already in use"."""
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in _PORT_PICKS.sample(_OWN_PORTS, 50) if p not in ephemeral]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
