@@ -647,6 +647,20 @@ def interpret_request(
             _unavailable(f"malformed changes in Signoff's answer for request {request_id}", request_id)
         )
     if status == "approved":
+        if data.get("executed_at") is not None:
+            # Its call was reported executed: the approval allows nothing more (one call, once).
+            return _Final(
+                GateDecision(
+                    allowed=False,
+                    reason=(
+                        f"the approval of request {request_id} was used: the call was reported "
+                        f"executed at {data['executed_at']}; a new call needs a new idempotency key "
+                        "(and a new approval)"
+                    ),
+                    request_id=request_id,
+                    request=data,
+                )
+            )
         return _Final(_approved(data, request_id, base, modified_arguments))
     return _Final(
         GateDecision(allowed=False, reason=describe_request(data), request_id=request_id, request=data)
