@@ -59,3 +59,48 @@ async def test_first_asks_racing_under_one_key_on_two_replicas_make_one_request_
         assert ran.status_code == 200, ran.text
         after = await ask_all(http)
         assert {d for _, d, _ in after} == {"deny"}, after
+
+
+async def test_a_cancel_on_one_replica_racing_an_approval_on_the_other_has_one_outcome(
+    replicas: tuple[str, str, str],  # noqa: F811
+) -> None:
+    a, b, token = replicas
+    agent = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(timeout=60) as http:
+        for n in range(4):
+            call = {
+                "tool_name": "pay_x",
+                "arguments": {"n": n},
+                "idempotency_key": f"cancel-{uuid.uuid4().hex}",
+            }
+            rid = (await http.post(f"{a}/v1/hooks/pre-tool-use", json=call, headers=agent)).json()[
+                "request_id"
+            ]
+            urls = (a, b) if n % 2 else (b, a)
+            cancel, approve = await asyncio.gather(
+                http.post(f"{urls[0]}/v1/requests/{rid}/cancel", headers=agent),
+                http.post(
+                    f"{urls[1]}/v1/admin/requests/{rid}/decision",
+                    json={"verdict": "approve", "operator": "alice"},
+                    headers=ADMIN,
+                ),
+            )
+            # One wins; the other is told the request is already decided (409 or 410).
+            assert {cancel.status_code, approve.status_code} & {200} == {200}, (cancel.text, approve.text)
+            assert (cancel.status_code == 200) != (approve.status_code == 200), (
+                cancel.text,
+                approve.text,
+            )
+            assert {cancel.status_code, approve.status_code} - {200} <= {409, 410}
+            final = "cancelled" if cancel.status_code == 200 else "approved"
+            replays = await asyncio.gather(
+                *(
+                    http.post(f"{(a, b)[i % 2]}/v1/hooks/pre-tool-use", json=call, headers=agent)
+                    for i in range(8)
+                )
+            )
+            expected = "allow" if final == "approved" else "deny"
+            assert {r.json()["decision"] for r in replays} == {expected}, [r.text for r in replays]
+            for url in (a, b):
+                shown = (await http.get(f"{url}/v1/requests/{rid}/wait", headers=agent)).json()
+                assert shown["status"] == final
