@@ -13,7 +13,7 @@ from signoff.app.builtin_hooks.confirmation_gate import parse_duration
 from signoff.app.models import AuditEvent, ConfirmationRequest, Grant, PersonalToken, Status, Vote, utcnow
 from signoff.app.requests.edits import argument_changes, editable_fields, executed_as_approved
 from signoff.app.requests.eligibility import GateSnapshot, gates_of, shown_ids
-from signoff.app.requests.single_use import valid_for
+from signoff.app.requests.single_use import spent, valid_for
 from signoff.channels import ABSENT, MAX_GRANT_FIELDS, MAX_REASON_CHARS, GrantChoice, Verdict, edit_problem
 
 
@@ -293,6 +293,9 @@ class RequestOut(BaseModel):
     """When the approved call was reported executed: its approval allows nothing more."""
     approval_valid_until: datetime | None = None
     """Approved and not yet executed: until when a replay of its key is allowed."""
+    spent: str | None = None
+    """Approved, but its approval allows nothing more, as of this answer: why (its call was
+    reported executed, or it lapsed). A client re-reading the request denies with it."""
     grant: GrantOut | None = None
     """The grant given with the approval, if any (the first gate's, with several)."""
     editable: list[str] = []
@@ -358,6 +361,7 @@ class RequestOut(BaseModel):
             approval_valid_until=r.decided_at + valid_for(r)
             if r.status == Status.APPROVED and r.decided_at and r.executed_at is None
             else None,
+            spent=spent(r, now),
             grant=GrantOut.of(grants[0], now or utcnow()) if grants else None,
             editable=list(editable_fields(snapshots)) if r.status == Status.PENDING else [],
             approved_arguments=r.approved_arguments,

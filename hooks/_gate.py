@@ -647,6 +647,9 @@ def interpret_request(
             _unavailable(f"malformed changes in Signoff's answer for request {request_id}", request_id)
         )
     if status == "approved":
+        if isinstance(why := data.get("spent"), str):
+            # Used or lapsed, as the server judged it answering (its clock, not this one's).
+            return _Final(GateDecision(allowed=False, reason=why, request_id=request_id, request=data))
         if data.get("executed_at") is not None:
             # Its call was reported executed: the approval allows nothing more (one call, once).
             return _Final(
